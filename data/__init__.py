@@ -1,0 +1,1 @@
+"""Trajectories (schema, collection, validation), the prompt format, and dataset building."""

@@ -1,0 +1,1 @@
+"""Environments: the protocol (base.py), the registry, adapters and the checker."""

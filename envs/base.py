@@ -1,0 +1,143 @@
+"""The environment protocol every simplan adapter implements, and the records that cross it.
+
+An adapter is one file that implements `Env` and registers itself (see `envs/registry.py`);
+nothing else in the toolkit changes. Check any adapter with `simplan envs check NAME`.
+
+Actions are structured: `command` text for text games, `tool_call` (name + arguments) for tool
+environments, `finish` to end a turn or an episode (tool envs), `answer` for a free-text answer.
+They are parsed strictly from model output by each env's `parse_action` and never executed as code.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+ActionKind = Literal["command", "tool_call", "answer", "finish"]
+ACTION_KINDS: tuple[str, ...] = ("command", "tool_call", "answer", "finish")
+FOLDS: tuple[str, ...] = ("train", "dev", "test")
+
+
+class ActionParseError(ValueError):
+    """Model output that is not a well-formed action for this environment."""
+
+
+@dataclass(frozen=True)
+class Action:
+    """One structured action. `text` carries a command or an answer; tool calls use name + arguments."""
+
+    kind: ActionKind = "command"
+    text: str = ""
+    name: str = ""
+    arguments: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.kind not in ACTION_KINDS:
+            raise ValueError(f"Action.kind: {self.kind!r} is not one of {ACTION_KINDS}")
+        if self.kind == "tool_call" and not self.name:
+            raise ValueError("Action.name: a tool_call needs the tool's name")
+
+    @staticmethod
+    def command(text: str) -> Action:
+        return Action(kind="command", text=text)
+
+    @staticmethod
+    def tool_call(name: str, arguments: dict[str, Any] | None = None) -> Action:
+        return Action(kind="tool_call", name=name, arguments=dict(arguments or {}))
+
+    def key(self) -> str:
+        """A canonical string that identifies the action (for caches, repeats and bans)."""
+        if self.kind == "tool_call":
+            return f"{self.name}({json.dumps(self.arguments, sort_keys=True, ensure_ascii=False)})"
+        if self.kind == "finish":
+            return "finish"
+        return self.text.strip().lower() if self.kind == "command" else f"answer:{self.text.strip()}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> Action:
+        return Action(
+            kind=d.get("kind", "command"),
+            text=d.get("text", ""),
+            name=d.get("name", ""),
+            arguments=dict(d.get("arguments") or {}),
+        )
+
+    def __hash__(self) -> int:  # dict field: hash the canonical key instead
+        return hash(self.key())
+
+
+@dataclass(frozen=True)
+class Task:
+    """One episode's identity: which env, which fold, which game/task type, which seed/variation."""
+
+    env: str
+    task_id: str
+    fold: str
+    family: str = ""  # game (TWX), task type (ScienceWorld), category (BFCL)
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> Task:
+        return Task(
+            env=d["env"],
+            task_id=d["task_id"],
+            fold=d["fold"],
+            family=d.get("family", ""),
+            params=dict(d.get("params") or {}),
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.env, self.task_id))
+
+
+@dataclass
+class Observation:
+    """What the agent sees: the text, the goal, and what it may do now where the env knows it."""
+
+    text: str
+    goal: str = ""
+    valid_actions: list[str] | None = None
+    tools: list[dict[str, Any]] | None = None  # JSON-schema tool descriptions (tool envs)
+    error: bool = False  # the last action failed or was invalid
+
+
+@dataclass
+class StepResult:
+    observation: Observation
+    reward: float = 0.0
+    score: float = 0.0
+    done: bool = False
+    won: bool = False
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Env(Protocol):
+    """A small, gymnasium-like protocol. One instance runs one episode at a time and is reused."""
+
+    name: str
+
+    def tasks(self, fold: str, families: list[str] | None = None, limit: int | None = None) -> list[Task]:
+        """Tasks of a fold (train/dev/test), optionally only some families, in a stable order."""
+        ...
+
+    def reset(self, task: Task) -> Observation: ...
+
+    def step(self, action: Action) -> StepResult: ...
+
+    def expert_plan(self) -> list[Action]:
+        """The expert's actions from the state right after `reset` (a gold path or ground truth)."""
+        ...
+
+    def parse_action(self, text: str) -> Action:
+        """Strictly parse model output into an Action; raise ActionParseError with the reason."""
+        ...
+
+    def close(self) -> None: ...

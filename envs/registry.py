@@ -1,0 +1,44 @@
+"""Name -> environment factory. Adapters register themselves; `simplan envs list` shows them.
+
+To add an environment: implement `envs.base.Env` in one file and add one line to `_BUILTIN`
+(or call `register(name, factory)` from your own code before running simplan).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+from simplan.envs.base import Env
+
+# name -> "module:factory". Imported lazily so listing envs needs no JVM and no optional package.
+_BUILTIN: dict[str, str] = {
+    "twx": "simplan.envs.textworld_express:TextWorldExpressEnv",
+    "scienceworld": "simplan.envs.scienceworld:ScienceWorldEnv",
+    "bfcl": "simplan.envs.bfcl:BFCLEnv",
+    "toy": "simplan.envs.toy:ToyEnv",
+}
+_REGISTERED: dict[str, Callable[..., Env]] = {}
+
+
+def register(name: str, factory: Callable[..., Env]) -> None:
+    _REGISTERED[name] = factory
+
+
+def names() -> list[str]:
+    return sorted(set(_BUILTIN) | set(_REGISTERED))
+
+
+def make_env(name: str, **kwargs: Any) -> Env:
+    """Build an environment by registered name; kwargs go to the adapter's constructor."""
+    if name in _REGISTERED:
+        return _REGISTERED[name](**kwargs)
+    if name not in _BUILTIN:
+        raise KeyError(f"unknown environment {name!r}; registered: {', '.join(names())}")
+    module_name, _, attr = _BUILTIN[name].partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ImportError(f"environment {name!r} needs a package that is not installed ({e}); run `make setup`") from e
+    return getattr(module, attr)(**kwargs)

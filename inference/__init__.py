@@ -1,0 +1,1 @@
+"""Engines (vLLM, OpenAI client, transformers+peft), the planning loop, evaluation and reports."""

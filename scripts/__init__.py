@@ -1,0 +1,1 @@
+"""The `simplan` command: thin subcommands over library code (see scripts/cli.py)."""

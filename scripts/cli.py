@@ -1,0 +1,51 @@
+"""`simplan <subcommand> [args]`: dispatch to one thin script per subcommand.
+
+Each subcommand is a module in scripts/ with `main(argv: list[str] | None) -> int`; they are
+imported lazily so `simplan validate` does not pay for importing torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# subcommand -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "envs": ("simplan.scripts.envs_cmd", "list environments, or check an adapter (envs list | envs check NAME)"),
+    "collect": ("simplan.scripts.collect", "collect expert / noisy-expert / random trajectories"),
+    "validate": ("simplan.scripts.validate", "check trajectory JSONL files against the schema"),
+    "build": ("simplan.scripts.build", "build the decider or simulator dataset from trajectories"),
+    "models": ("simplan.scripts.models", "list or fetch base models (models list | models fetch NAME)"),
+    "train": ("simplan.scripts.train", "LoRA-train the decider or the simulator from a YAML recipe"),
+    "eval-model": ("simplan.scripts.eval_model", "offline metrics of a model/adapter on a dataset fold"),
+    "serve": ("simplan.scripts.serve", "serve base + adapters with vLLM's OpenAI-compatible server"),
+    "run": ("simplan.scripts.run", "run one episode with the planning loop and a live view"),
+    "eval": ("simplan.scripts.eval", "evaluate agent arms on a suite of tasks"),
+    "report": ("simplan.scripts.report", "write Markdown + HTML reports comparing runs"),
+    "pipeline": ("simplan.scripts.pipeline", "the whole job: collect, build, train, eval, report"),
+}
+
+
+def usage() -> str:
+    width = max(map(len, COMMANDS))
+    lines = ["usage: simplan <command> [options]", "", "commands:"]
+    lines += [f"  {name:<{width}}  {help_}" for name, (_, help_) in COMMANDS.items()]
+    lines += ["", "Run `simplan <command> --help` for a command's options."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(usage())
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"simplan: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(COMMANDS[name][0])
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Models (registry, tiny test models), LoRA training and offline model evaluation."""
