@@ -1,0 +1,568 @@
+"""BFCL multi-turn tool calling (bfcl-eval==2026.3.23) as a simplan environment.
+
+    env = make_env("bfcl")                      # or BFCLEnv(compact_tools=True)
+    task = env.tasks("train", families=["multi_turn_miss_func"], limit=1)[0]
+    obs = env.reset(task)                       # obs.text = "User: ...", obs.tools = JSON schemas
+    result = env.step(env.parse_action("cd(folder='document')"))
+    result = env.step(env.parse_action("finish()"))   # ends the user turn; next obs is the next request
+    simplan envs check bfcl                     # the generic adapter check
+
+Tasks. The four multi-turn categories, 200 tasks each, read from the data files bundled in the
+bfcl-eval wheel (no network): multi_turn_base, multi_turn_miss_func, multi_turn_miss_param and
+multi_turn_long_context (`Task.family`). `task_id` is bfcl's id ("multi_turn_miss_func_12").
+
+Folds. A task's fold is decided by its BASE id (the number after the category: "multi_turn_base_12"
+and "multi_turn_miss_func_12" are variants of base task 12), so variants never cross folds:
+the base ids (0-199) are ordered by `sha256(f"bfcl-multi-turn:{base_id}")` and the first 70% go
+to train, the next 15% to dev, the rest to test: 140/30/30 base ids, i.e. 560/120/120 tasks (less
+one unplayable task, below). `fold_of(base_id)` gives the fold. `tasks()` lists tasks ordered by
+(base id, category), so a small `limit` covers all four categories.
+
+Tools. `Observation.tools` holds one JSON schema ({name, description, parameters}) per function
+documented by bfcl for the task's involved classes (bfcl's own function docs; its "dict"/"float"
+types mapped to JSON-schema "object"/"number"), minus the functions the task withholds:
+- miss_func: `missed_function` maps a turn index to functions held out until that turn; as in
+  bfcl's inference loop they become available at that turn, whose user message is bfcl's
+  "I have updated some more functions you can choose from. What about now?";
+- `excluded_function` (18 base tasks and their variants): bfcl ships it but its runner ignores it;
+  the ground truth never uses these functions, so they are withheld for the whole episode.
+Calling a withheld or unknown function is an error observation; nothing is executed. Tasks whose
+ground truth itself calls a function before bfcl makes it available are left out of `tasks()`
+(in bfcl-eval 2026.3.23 only multi_turn_miss_func_49, whose turn 1 uses `tail`, held out until
+turn 3): bfcl hides the doc but still executes the call, which would make withholding toothless.
+
+Episode. Each user turn starts with an observation "User: <message>" (goal = the current request).
+Actions are tool calls (`Action.tool_call(name, args)`), executed against bfcl's own backend
+instances (GorillaFileSystem, TravelAPI, ...) through bfcl's `execute_multi_turn_func_call`; the
+observation is the call's return value as compact JSON (strings verbatim). `Action(kind="finish")`
+(or an `answer`, a text reply to the user, as in bfcl where a text reply ends the turn) ends the
+turn; after the last turn the episode is done. A turn longer than `max_steps_per_turn` actions
+(default 50) force-terminates the episode as failed, as bfcl does past its 20 model responses per
+turn (a bfcl response may hold several parallel calls, a simplan step holds one; the longest
+ground-truth turn has 34 calls).
+`Observation.error` is True when the backend returns an error (`{"error": ...}` or bfcl's
+"Error during execution: ..."), and for an unknown/withheld tool, a non-literal or malformed
+argument, or a non-tool action (none of these is executed).
+
+Safety. Model text is parsed with `data.format.parse_tool_call` (ast, literal arguments only, only
+the task's currently available functions). bfcl executes calls with `eval()`, so the string it
+receives is rebuilt from the structured Action with `repr()` of each literal value and parsed back
+to check that it round-trips to the same call before it is passed on; raw model text never
+reaches bfcl. bfcl caches backend instances in module globals keyed by model name + task id: each
+reset uses a fresh unique model name and reset/close delete that episode's instances.
+
+Success and score. After each turn whose ground truth is non-empty, bfcl's own `state_checker`
+(backend states equal the ground truth's) and `response_checker` (every ground-truth result of the
+turn appears among the model's results so far) judge the turn, plus bfcl's rule that such a turn
+needs at least one call; turns with an empty ground truth (the model should not or cannot act) are
+not checked, as in bfcl. `score` = fraction of checked turns that passed (so far, out of all
+checked turns). At the end, `won` / `info["tasksuccess"]` is the verdict of bfcl-eval's
+`multi_turn_checker` run on the whole episode's calls against the ground truth.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import hashlib
+import inspect
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from simplan.data.format import parse_tool_call
+from simplan.envs.base import FOLDS, Action, ActionParseError, Observation, StepResult, Task
+
+try:
+    import bfcl_eval
+    from bfcl_eval.constants.category_mapping import VERSION_PREFIX
+    from bfcl_eval.constants.default_prompts import (
+        DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC,
+    )
+    from bfcl_eval.constants.executable_backend_config import MULTI_TURN_FUNC_DOC_FILE_MAPPING
+    from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils
+    from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import (
+        multi_turn_checker,
+        response_checker,
+        state_checker,
+    )
+    from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_utils import execute_multi_turn_func_call
+except ImportError as e:  # pragma: no cover - exercised only without the package
+    raise ImportError(
+        f"envs/bfcl.py needs bfcl-eval ({e}); install it without its heavy dependencies: "
+        "`.venv/bin/pip install --no-deps bfcl-eval==2026.3.23 mpmath==1.3.0` (or run `make setup`)"
+    ) from e
+
+CATEGORIES: tuple[str, ...] = (
+    "multi_turn_base",
+    "multi_turn_miss_func",
+    "multi_turn_miss_param",
+    "multi_turn_long_context",
+)
+MAX_STEPS_PER_TURN = 50  # one call per step; the longest ground-truth turn has 34 calls
+FOLD_SHARES: tuple[float, float] = (0.70, 0.85)  # cumulative cut points of the hash order: train | dev | test
+_FOLD_SALT = "bfcl-multi-turn"
+# Read the bundled files directly: importing bfcl_eval.utils would create result/ and score/
+# folders inside site-packages as an import side effect.
+_DATA_DIR = Path(bfcl_eval.__file__).resolve().parent / "data"
+_JSON_TYPES = {"dict": "object", "float": "number", "tuple": "array", "any": None}
+_CLASS_PREAMBLE = re.compile(r"^This tool belongs to .*?Tool description: ", re.S)
+
+USER_TEXT = "User: {message}"
+END_TEXT = "The user has no further requests; the conversation is over."
+UNKNOWN_TOOL_TEXT = "Error: {name!r} is not an available tool. Available tools: {tools}."
+BAD_CALL_TEXT = "Error: {reason}. Write name(arg=value, ...) with Python literal values."
+NOT_A_TOOL_TEXT = "Error: this environment takes tool calls name(arg=value, ...) or finish(), got a {kind} action."
+
+
+# ---------------------------------------------------------------------------------------------
+# Data: bfcl's bundled questions, ground truth and function docs
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class BFCLEntry:
+    """One bfcl multi-turn test entry with its ground truth."""
+
+    id: str
+    category: str
+    base_id: int
+    question: list[list[dict[str, str]]]  # per turn, the user messages (empty at miss_func holdout turns)
+    initial_config: dict[str, Any]
+    involved_classes: list[str]
+    missed: dict[int, list[str]]  # turn index -> functions that become available at that turn
+    excluded: list[str]
+    ground_truth: list[list[str]]  # per turn, bfcl call strings
+
+    def bfcl_entry(self) -> dict[str, Any]:
+        """The dict bfcl's checker reads."""
+        return {"id": self.id, "initial_config": self.initial_config, "involved_classes": self.involved_classes}
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: bfcl data file missing; reinstall bfcl-eval==2026.3.23")
+    with path.open(encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def base_id_of(task_id: str) -> int:
+    """'multi_turn_miss_func_12' -> 12."""
+    return int(task_id.rsplit("_", 1)[1])
+
+
+def category_of(task_id: str) -> str:
+    category = task_id.rsplit("_", 1)[0]
+    if category not in CATEGORIES:
+        raise ValueError(f"task id {task_id!r}: category {category!r} is not one of {CATEGORIES}")
+    return category
+
+
+@functools.cache
+def load_category(category: str) -> dict[str, BFCLEntry]:
+    """All entries of a category by id, read once per process from the bfcl-eval wheel."""
+    if category not in CATEGORIES:
+        raise ValueError(f"category {category!r}: expected one of {CATEGORIES}")
+    questions = _read_jsonl(_DATA_DIR / f"{VERSION_PREFIX}_{category}.json")
+    answers = {
+        a["id"]: a["ground_truth"]
+        for a in _read_jsonl(_DATA_DIR / "possible_answer" / f"{VERSION_PREFIX}_{category}.json")
+    }
+    entries = {}
+    for q in questions:
+        if q["id"] not in answers:
+            raise ValueError(f"{category}: no ground truth for {q['id']} in bfcl's possible_answer file")
+        entries[q["id"]] = BFCLEntry(
+            id=q["id"],
+            category=category,
+            base_id=base_id_of(q["id"]),
+            question=q["question"],
+            initial_config=q.get("initial_config", {}),
+            involved_classes=list(q["involved_classes"]),
+            missed={int(k): list(v) for k, v in q.get("missed_function", {}).items()},
+            excluded=list(q.get("excluded_function", [])),
+            ground_truth=answers[q["id"]],
+        )
+    return entries
+
+
+@functools.cache
+def function_docs(class_name: str) -> tuple[dict[str, Any], ...]:
+    """bfcl's function docs for one backend class (name, description, parameters, response)."""
+    if class_name not in MULTI_TURN_FUNC_DOC_FILE_MAPPING:
+        raise ValueError(f"no bfcl function docs for class {class_name!r}")
+    return tuple(_read_jsonl(_DATA_DIR / "multi_turn_func_doc" / MULTI_TURN_FUNC_DOC_FILE_MAPPING[class_name]))
+
+
+def _json_schema(node: Any) -> Any:
+    """bfcl's parameter types -> JSON-schema types (dict -> object, float -> number)."""
+    if isinstance(node, list):
+        return [_json_schema(v) for v in node]
+    if not isinstance(node, dict):
+        return node
+    out = {}
+    for key, value in node.items():
+        if key == "type" and isinstance(value, str):
+            mapped = _JSON_TYPES.get(value, value)
+            if mapped is not None:
+                out[key] = mapped
+        else:
+            out[key] = _json_schema(value)
+    return out
+
+
+def tool_schema(doc: dict[str, Any], compact: bool = False) -> dict[str, Any]:
+    """One tool description; `compact` drops the class preamble bfcl repeats in every description."""
+    description = doc.get("description", "")
+    if compact:
+        description = _CLASS_PREAMBLE.sub("", description)
+    return {"name": doc["name"], "description": description, "parameters": _json_schema(doc["parameters"])}
+
+
+def unplayable_reason(entry: BFCLEntry) -> str | None:
+    """Why the ground truth cannot be replayed under the withholding rules, or None."""
+    released = {name: turn for turn, names in entry.missed.items() for name in names}
+    for turn, calls in enumerate(entry.ground_truth):
+        for call in calls:
+            name = call.split("(", 1)[0].strip()
+            if name in entry.excluded:
+                return f"turn {turn} calls {name!r}, which the task excludes"
+            if released.get(name, -1) > turn:
+                return f"turn {turn} calls {name!r}, which becomes available only at turn {released[name]}"
+    return None
+
+
+@functools.cache
+def fold_table() -> dict[int, str]:
+    """Base id -> fold: base ids in sha256 order, cut 70/15/15 (see the module docstring)."""
+    base_ids = sorted({e.base_id for c in CATEGORIES for e in load_category(c).values()})
+    order = sorted(base_ids, key=lambda i: hashlib.sha256(f"{_FOLD_SALT}:{i}".encode()).hexdigest())
+    cut_train, cut_dev = (round(share * len(order)) for share in FOLD_SHARES)
+    return {i: "train" if rank < cut_train else "dev" if rank < cut_dev else "test" for rank, i in enumerate(order)}
+
+
+def fold_of(base_id: int) -> str:
+    """The fold of a base task id."""
+    table = fold_table()
+    if base_id not in table:
+        raise ValueError(f"base id {base_id}: not a bfcl multi-turn base id (0-{max(table)})")
+    return table[base_id]
+
+
+def _is_error_result(result: str) -> bool:
+    if result.startswith("Error during execution"):
+        return True
+    if result.startswith("{"):
+        try:
+            parsed = json.loads(result)
+        except ValueError:
+            return False
+        return isinstance(parsed, dict) and "error" in parsed
+    return result.startswith("{'error'")  # a dict bfcl could not JSON-encode falls back to str()
+
+
+def render_result(result: str) -> str:
+    """A bfcl execution result as observation text: compact JSON for JSON results, else verbatim."""
+    if result.startswith(("{", "[")):
+        try:
+            return json.dumps(json.loads(result), ensure_ascii=False, separators=(",", ":"))
+        except ValueError:
+            pass
+    return result
+
+
+def _check_summary(result: dict[str, Any]) -> dict[str, Any]:
+    """bfcl checker verdicts without their (possibly huge) state dumps."""
+    return {k: result[k] for k in ("valid", "error_type", "error_message") if k in result}
+
+
+def call_string(action: Action) -> str:
+    """The string handed to bfcl's executor: `name(key=repr(value), ...)` from a structured Action."""
+    return f"{action.name}({', '.join(f'{key}={value!r}' for key, value in action.arguments.items())})"
+
+
+def _drop_instances(model_name: str) -> None:
+    """Delete the backend instances bfcl cached in its module globals for this model name."""
+    prefix = re.sub(r"[-./:]", "_", model_name) + "_"
+    cache = vars(multi_turn_utils)
+    for key in [k for k in list(cache) if k.startswith(prefix)]:
+        cache.pop(key, None)
+
+
+# ---------------------------------------------------------------------------------------------
+# The environment
+# ---------------------------------------------------------------------------------------------
+class BFCLEnv:
+    """BFCL multi-turn categories; see the module docstring for folds, episodes and scoring."""
+
+    name = "bfcl"
+
+    def __init__(self, max_steps_per_turn: int = MAX_STEPS_PER_TURN, compact_tools: bool = False) -> None:
+        if max_steps_per_turn < 1:
+            raise ValueError(f"max_steps_per_turn: must be >= 1, got {max_steps_per_turn}")
+        self.max_steps_per_turn = max_steps_per_turn
+        self.compact_tools = compact_tools
+        self._entry: BFCLEntry | None = None
+        self._model_name = ""
+
+    # -- task listing ------------------------------------------------------------------------
+    def tasks(self, fold: str, families: list[str] | None = None, limit: int | None = None) -> list[Task]:
+        if fold not in FOLDS:
+            raise ValueError(f"fold {fold!r}: expected one of {FOLDS}")
+        unknown = sorted(set(families or []) - set(CATEGORIES))
+        if unknown:
+            raise ValueError(f"families {unknown}: not BFCL categories; choose from {list(CATEGORIES)}")
+        chosen = [c for c in CATEGORIES if not families or c in families]
+        entries = [
+            e
+            for c in chosen
+            for e in load_category(c).values()
+            if fold_of(e.base_id) == fold and unplayable_reason(e) is None
+        ]
+        entries.sort(key=lambda e: (e.base_id, CATEGORIES.index(e.category)))
+        tasks = [
+            Task(
+                env=self.name,
+                task_id=e.id,
+                fold=fold,
+                family=e.category,
+                params={"base_id": e.base_id, "turns": len(e.question), "classes": list(e.involved_classes)},
+            )
+            for e in entries
+        ]
+        return tasks if limit is None else tasks[:limit]
+
+    # -- episode -----------------------------------------------------------------------------
+    def reset(self, task: Task) -> Observation:
+        category = category_of(task.task_id)
+        entries = load_category(category)
+        if task.task_id not in entries:
+            raise ValueError(f"task {task.task_id!r}: no such bfcl entry ({len(entries)} in {category})")
+        self._release()
+        entry = entries[task.task_id]
+        self._entry = entry
+        self._long_context = "long_context" in category
+        self._model_name = f"simplan_{uuid.uuid4().hex}"
+        self._gt_name = f"{self._model_name}_groundtruth"
+        self._docs = {d["name"]: d for c in entry.involved_classes for d in function_docs(c)}
+        withheld = {f for names in entry.missed.values() for f in names} | set(entry.excluded)
+        self._available = [n for n in self._docs if n not in withheld]
+        self._turn = 0
+        self._steps_in_turn = 0
+        self._turn_calls: list[list[str]] = [[]]
+        self._all_results: list[str] = []
+        self._checks: list[dict[str, Any]] = []
+        self._n_checked = sum(1 for gt in entry.ground_truth if gt)
+        self._done = False
+        self._goal = ""
+        _, self._instances = self._execute([], self._model_name)
+        return self._turn_observation()
+
+    def _execute(self, calls: list[str], model_name: str) -> tuple[list[str], dict[str, Any]]:
+        assert self._entry is not None
+        return execute_multi_turn_func_call(
+            calls,
+            self._entry.initial_config,
+            self._entry.involved_classes,
+            model_name,
+            self._entry.id,
+            long_context=self._long_context,
+            is_evaL_run=False,
+        )
+
+    def _turn_observation(self) -> Observation:
+        assert self._entry is not None
+        messages = [m["content"] for m in self._entry.question[self._turn] if m.get("role") == "user"]
+        if self._turn in self._entry.missed:
+            self._available += [n for n in self._entry.missed[self._turn] if n not in self._available]
+        if messages:
+            message = "\n".join(messages)
+            self._goal = message
+        else:  # a miss_func holdout turn: bfcl sends this fixed message; the request stays the same
+            message = DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC
+            self._goal = f"{self._goal}\n{message}".strip()
+        return Observation(text=USER_TEXT.format(message=message), goal=self._goal, tools=self.tool_schemas())
+
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        """JSON schemas of the tools available now."""
+        return [tool_schema(self._docs[n], self.compact_tools) for n in self._available]
+
+    def available_tools(self) -> list[str]:
+        """Names of the functions the task offers at the current turn."""
+        return list(self._available)
+
+    def _observe(self, text: str, error: bool) -> Observation:
+        return Observation(text=text, goal=self._goal, tools=self.tool_schemas(), error=error)
+
+    def _score(self) -> float:
+        passed = sum(1 for c in self._checks if c["valid"])
+        return passed / self._n_checked if self._n_checked else 0.0
+
+    def step(self, action: Action) -> StepResult:
+        if self._entry is None:
+            raise RuntimeError("BFCLEnv.step called before reset")
+        if self._done:
+            raise RuntimeError(f"BFCLEnv.step: episode {self._entry.id} is over; call reset")
+        before = self._score()
+        self._steps_in_turn += 1
+        info: dict[str, Any] = {"turn": self._turn, "turns": len(self._entry.question), "call": None}
+        if action.kind in ("finish", "answer"):
+            observation = self._end_turn(info)
+        elif self._steps_in_turn > self.max_steps_per_turn:
+            observation = self._force_terminate(info)
+        elif action.kind != "tool_call":
+            observation = self._observe(NOT_A_TOOL_TEXT.format(kind=action.kind), error=True)
+        else:
+            observation = self._call(action, info)
+        score = self._score()
+        won = bool(self._done and info.get("tasksuccess"))
+        info["tasksuccess"] = won
+        return StepResult(observation, reward=score - before, score=score, done=self._done, won=won, info=info)
+
+    def _call(self, action: Action, info: dict[str, Any]) -> Observation:
+        if action.name not in self._available:
+            tools = ", ".join(self._available)
+            return self._observe(UNKNOWN_TOOL_TEXT.format(name=action.name, tools=tools), error=True)
+        call = call_string(action)
+        # Only a call that round-trips through the ast parser (literal values, plain keyword names)
+        # reaches bfcl, whose executor eval()s the string.
+        try:
+            parsed = parse_tool_call(call, allowed=self._available)
+        except ActionParseError as e:
+            return self._observe(BAD_CALL_TEXT.format(reason=str(e)), error=True)
+        if parsed.name != action.name or parsed.arguments != action.arguments:
+            reason = f"{action.name}: arguments must be Python literals with plain names, got {call!r}"
+            return self._observe(BAD_CALL_TEXT.format(reason=reason), error=True)
+        results, _ = self._execute([call], self._model_name)
+        result = results[0]
+        self._turn_calls[self._turn].append(call)
+        self._all_results.append(result)
+        info["call"] = call
+        return self._observe(render_result(result), error=_is_error_result(result))
+
+    def _end_turn(self, info: dict[str, Any]) -> Observation:
+        assert self._entry is not None
+        turn = self._turn
+        ground_truth = self._entry.ground_truth[turn]
+        gt_results, gt_instances = self._execute(ground_truth, self._gt_name)
+        if ground_truth:
+            if not self._turn_calls[turn]:
+                check = {
+                    "valid": False,
+                    "error_type": "multi_turn:empty_turn_model_response",
+                    "error_message": f"Model response list is empty for turn {turn}",
+                }
+            else:
+                check = state_checker(self._instances, gt_instances)
+                if check["valid"]:
+                    check = response_checker(self._all_results, gt_results, turn)
+            self._checks.append({"turn": turn, **_check_summary(check)})
+            info["turn_check"] = self._checks[-1]
+        self._turn += 1
+        self._steps_in_turn = 0
+        if self._turn < len(self._entry.question):
+            self._turn_calls.append([])
+            before = set(self._available)
+            observation = self._turn_observation()
+            added = [n for n in self._available if n not in before]
+            if added:
+                info["tools_added"] = added
+            return observation
+        verdict = self._final_verdict()
+        info["checker"] = verdict
+        info["tasksuccess"] = bool(verdict["valid"])
+        self._done = True
+        return self._observe(END_TEXT, error=False)
+
+    def _final_verdict(self) -> dict[str, Any]:
+        """bfcl-eval's multi_turn_checker over the whole episode (fresh instances, then dropped)."""
+        assert self._entry is not None
+        name = f"{self._model_name}_final"
+        decoded = [[[call] for call in calls] for calls in self._turn_calls]
+        try:
+            verdict = multi_turn_checker(
+                decoded, self._entry.ground_truth, self._entry.bfcl_entry(), self._entry.category, name
+            )
+        except AssertionError as e:  # bfcl asserts on inconsistent instance sets
+            verdict = {"valid": False, "error_type": "multi_turn:checker_assertion", "error_message": str(e)}
+        finally:
+            _drop_instances(name)
+        return _check_summary(verdict)
+
+    def _force_terminate(self, info: dict[str, Any]) -> Observation:
+        self._done = True
+        info["truncated"] = True
+        info["checker"] = {
+            "valid": False,
+            "error_type": "multi_turn:force_terminated",
+            "error_message": f"more than {self.max_steps_per_turn} steps in turn {self._turn}",
+        }
+        return self._observe(f"Error: more than {self.max_steps_per_turn} steps in one turn; episode ended.", True)
+
+    # -- expert ------------------------------------------------------------------------------
+    def expert_plan(self) -> list[Action]:
+        """Ground-truth calls of every turn, each turn followed by finish()."""
+        if self._entry is None:
+            raise RuntimeError("BFCLEnv.expert_plan called before reset")
+        plan: list[Action] = []
+        allowed = list(self._docs)
+        for calls in self._entry.ground_truth:
+            plan += [parse_tool_call(self._keyword_call(c), allowed=allowed) for c in calls]
+            plan.append(Action(kind="finish"))
+        return plan
+
+    def _keyword_call(self, call: str) -> str:
+        """Rewrite positional arguments of a ground-truth call (e.g. `sort('a.txt')`) as keywords."""
+        tree = ast.parse(call.strip(), mode="eval")
+        node = tree.body
+        if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name) or not node.args:
+            return call
+        method = self._method(node.func.id)
+        names = [p for p in inspect.signature(method).parameters if p != "self"]
+        if len(node.args) > len(names):
+            raise ValueError(f"{self._entry.id if self._entry else '?'}: ground truth {call!r} has too many arguments")
+        keywords = [ast.keyword(arg=n, value=v) for n, v in zip(names, node.args)] + node.keywords
+        return ast.unparse(ast.Call(func=node.func, args=[], keywords=keywords))
+
+    def _method(self, name: str) -> Any:
+        for instance in self._instances.values():
+            method = getattr(instance, name, None)
+            if callable(method) and not name.startswith("_"):
+                return method
+        raise ValueError(f"no backend method {name!r} in {sorted(self._instances)}")
+
+    # -- parsing -----------------------------------------------------------------------------
+    def parse_action(self, text: str) -> Action:
+        """`name(arg=literal, ...)` with a function available now, or `finish()`."""
+        if self._entry is None:
+            raise RuntimeError("BFCLEnv.parse_action called before reset: the allowed tools depend on the task")
+        return parse_tool_call(text, allowed=self._available)
+
+    # -- clean-up ----------------------------------------------------------------------------
+    def _release(self) -> None:
+        if self._model_name:
+            _drop_instances(self._model_name)  # also drops the *_groundtruth and *_final instances
+        self._instances = {}
+        self._model_name = ""
+
+    def close(self) -> None:
+        self._release()
+        self._entry = None
+
+
+__all__ = [
+    "CATEGORIES",
+    "BFCLEntry",
+    "BFCLEnv",
+    "base_id_of",
+    "call_string",
+    "category_of",
+    "fold_of",
+    "fold_table",
+    "function_docs",
+    "load_category",
+    "render_result",
+    "unplayable_reason",
+    "tool_schema",
+]
