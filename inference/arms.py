@@ -1,0 +1,30 @@
+"""The compared agents ("arms") as presets of the one planning loop (inference/planner.py).
+
+    reactive  K=1, H=0: the decider picks each action from the real state; no simulation, no pivots
+              (the episode still ends on its step/token budgets).
+    plan      open-loop plan-then-execute: imagine K rollouts of H steps, commit the best one and execute
+              all of it without watching; plan again only when the queue is empty.
+    simplan   simulate + pivot: imagine, commit, execute while reality matches the expectations, pivot
+              (drop the queue, note the failure, replan) when a rule fires; skip simulation when the
+              decider is confident (adaptive horizon).
+
+A preset fills only the PlannerConfig fields left at None, so `--arm simplan --horizon 5` keeps
+the flag. `simplan run --arm NAME --help` lists every field.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+ARM_PRESETS: dict[str, dict[str, Any]] = {
+    "reactive": {"k": 1, "horizon": 0, "pivots": False, "adaptive": False},
+    "plan": {"k": 3, "horizon": 5, "pivots": False, "adaptive": False},
+    "simplan": {"k": 3, "horizon": 3, "pivots": True, "adaptive": True},
+}
+ARMS: tuple[str, ...] = tuple(ARM_PRESETS)
+
+
+def arm_preset(name: str) -> dict[str, Any]:
+    if name not in ARM_PRESETS:
+        raise ValueError(f"arm: {name!r} is not one of {', '.join(ARMS)}")
+    return dict(ARM_PRESETS[name])

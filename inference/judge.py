@@ -1,0 +1,171 @@
+"""Judge imagined rollouts with explicit, logged score parts; detect error-like observations.
+
+Used by the planner (inference/planner.py) after imagination and by the ErrorObservation pivot
+rule. No model is involved: every part is a rule over the predicted texts and the episode's
+memory, so a trace shows exactly why a plan won.
+
+    judge = Judge(JudgeWeights(), error_patterns=env_error_patterns(env))
+    parts, total = judge.score(rollout_actions, predicted_obs, memory)
+
+Score parts (each already multiplied by its weight; the total is their sum). A rollout is scored up
+to its first predicted failure after the first action: the planner never commits that follow-up
+(planner._commit cuts it), so it does not count against the first action.
+    error       the first action's predicted outcome is an error/invalid action
+    progress    predicted progress/reward words, discounted by depth
+    repeat      steps whose (action, predicted observation) repeats a real pair of the episode or an
+                earlier step of the same rollout
+    failed      actions in the failure memory (down-weighted, not banned)
+    length      per scored step (a small cost that prefers shorter plans at equal merit)
+    likelihood  the decider's probability of the first action (0..1)
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+# Phrases environments use to reject an action. Envs add their own with an `error_patterns`
+# attribute (list of regexes); configs add more with PlannerConfig.error_patterns.
+DEFAULT_ERROR_PATTERNS: tuple[str, ...] = (
+    r"\byou can'?t\b",
+    r"\byou cannot\b",
+    r"\bcan not\b",
+    r"\bnot (a )?valid\b",
+    r"\binvalid\b",
+    r"\bunknown (command|action|verb|tool|function)\b",
+    r"\bi (don'?t|do not) understand\b",
+    r"\bno such\b",
+    r"\bnot found\b",
+    r"\berror\b",
+    r"\bfailed\b",
+    r"\bnothing happens\b",
+    r"\bthat'?s not something\b",
+    r"\byou need\b",
+)
+# Phrases that signal progress or reward (a predicted observation that contains one is promising).
+DEFAULT_PROGRESS_PATTERNS: tuple[str, ...] = (
+    r"\byou (take|pick up|open|unlock|put|place|win|won|complete|completed)\b",
+    r"\bscore\b",
+    r"\bcongratulations\b",
+    r"\bwell done\b",
+    r"\bsuccess(fully)?\b",
+    r"\btask (is )?(complete|done)\b",
+    r"\bis now (open|on|active)\b",
+)
+
+
+def compile_patterns(patterns: Iterable[str]) -> list[re.Pattern[str]]:
+    out = []
+    for p in patterns:
+        try:
+            out.append(re.compile(p, re.IGNORECASE))
+        except re.error as e:
+            raise ValueError(f"pattern {p!r} is not a valid regular expression ({e}); fix error_patterns") from None
+    return out
+
+
+def env_patterns(env: Any, attr: str, defaults: Sequence[str], extra: Sequence[str] = ()) -> list[str]:
+    """The env's own patterns (attribute `error_patterns` / `progress_patterns`) or the defaults, plus extras."""
+    own = getattr(env, attr, None)
+    return list(own if own else defaults) + list(extra)
+
+
+def looks_like_error(text: str, patterns: Sequence[re.Pattern[str]] | None = None) -> bool:
+    """True when an observation reads like a rejected or failed action (any pattern matches)."""
+    pats = patterns if patterns is not None else _DEFAULT_ERROR_RE
+    return any(p.search(text or "") for p in pats)
+
+
+def mentions_progress(text: str, patterns: Sequence[re.Pattern[str]] | None = None) -> bool:
+    pats = patterns if patterns is not None else _DEFAULT_PROGRESS_RE
+    return any(p.search(text or "") for p in pats)
+
+
+_DEFAULT_ERROR_RE = compile_patterns(DEFAULT_ERROR_PATTERNS)
+_DEFAULT_PROGRESS_RE = compile_patterns(DEFAULT_PROGRESS_PATTERNS)
+
+
+@dataclass
+class JudgeWeights:
+    error: float = -2.0
+    progress: float = 1.0
+    repeat: float = -0.5
+    failed: float = -1.0
+    length: float = -0.05
+    likelihood: float = 0.5
+    discount: float = 0.9  # later imagined steps count less (their predictions are less reliable)
+
+
+@dataclass
+class JudgeMemory:
+    """What the judge knows of the real episode: seen (action key, normalized observation) pairs, failed actions."""
+
+    seen_pairs: set[tuple[str, str]] = field(default_factory=set)
+    failed_actions: set[str] = field(default_factory=set)
+
+
+def _norm(text: str) -> str:
+    return " ".join((text or "").lower().split())
+
+
+class Judge:
+    def __init__(
+        self,
+        weights: JudgeWeights,
+        error_patterns: Sequence[str] = DEFAULT_ERROR_PATTERNS,
+        progress_patterns: Sequence[str] = DEFAULT_PROGRESS_PATTERNS,
+    ) -> None:
+        self.w = weights
+        self.error_re = compile_patterns(error_patterns)
+        self.progress_re = compile_patterns(progress_patterns)
+
+    def is_error(self, text: str) -> bool:
+        return looks_like_error(text, self.error_re)
+
+    def score(
+        self,
+        action_keys: Sequence[str],
+        predicted: Sequence[str | None],
+        memory: JudgeMemory,
+        probability: float | None = None,
+    ) -> tuple[dict[str, float], float]:
+        """(weighted parts, total) of one rollout: action keys and the predicted observation after each.
+
+        `predicted[i]` is None when step i was not simulated (reactive or adaptive-horizon choices).
+        """
+        w = self.w
+        error = progress = repeat = failed = 0.0
+        seen_in_rollout: set[tuple[str, str | None]] = set()
+        steps = 0
+        for depth, key in enumerate(action_keys):
+            d = w.discount**depth
+            obs = predicted[depth] if depth < len(predicted) else None
+            if depth > 0 and obs is not None and self.is_error(obs):
+                break  # an imagined follow-up that fails is cut, not held against the first action
+            steps += 1
+            if key in memory.failed_actions:
+                failed += d
+            # A repeat is the same action with the same outcome (walking on down a corridor is not one).
+            pair = (key, _norm(obs) if obs is not None else None)
+            if pair in seen_in_rollout or (obs is not None and pair in memory.seen_pairs):
+                repeat += d
+            seen_in_rollout.add(pair)
+            if obs is None:
+                continue
+            if self.is_error(obs):
+                error += d
+                break  # the rollout's remaining steps are conditioned on a failure
+            if mentions_progress(obs, self.progress_re):
+                progress += d
+        parts = {
+            "error": w.error * error,
+            "progress": w.progress * progress,
+            "repeat": w.repeat * repeat,
+            "failed": w.failed * failed,
+            "length": w.length * steps,
+            "likelihood": w.likelihood * (probability if probability is not None else 0.0),
+        }
+        parts = {k: round(v, 6) for k, v in parts.items()}
+        return parts, round(sum(parts.values()), 6)

@@ -1,0 +1,360 @@
+"""Pivot detection: named rules that watch each real step and say when the plan no longer holds.
+
+A rule is a small object with a `name`, a `severity` ("warning" or "error") and
+`check(context) -> PivotEvent | None`. The PivotMonitor runs every rule after each real action:
+an error fires at once; warnings are counted and fire together once their count since the last
+fired pivot (or replan) reaches `warning_threshold` (a delayed trigger, so one odd step does not
+throw away a good plan). Every event, fired or only counted, goes into the episode trace with its
+evidence (what was expected and what was seen, counts, thresholds).
+
+    monitor = PivotMonitor(default_rules(config, error_patterns), warning_threshold=2)
+    events = monitor.check(context)        # all events of this step, `fired` set on those that fire
+    if any(e.fired for e in events): ...   # drop the queue, note the failure, replan
+
+Rules (default severities):
+    error_observation       error   the env flagged the action, or its observation reads like an error
+    expectation_mismatch    error   similarity(expected, real observation) below the threshold
+    repeated_action         warning the same action N times in a row, or the same (action, observation) N times
+    no_progress             warning no score increase for N steps (since the last replan)
+    score_drop              error   the score fell by more than `min_drop`
+    budget_nearly_exhausted warning the step or token budget crossed a fraction of its limit
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from simplan.inference.judge import looks_like_error
+from simplan.inference.trace import SEVERITIES, PivotEvent, normalize_text
+
+SIMILARITIES = ("token_f1", "ratio")
+
+
+def similarity(expected: str, observed: str, method: str = "token_f1") -> float:
+    """Similarity of two observations in [0, 1] after `normalize_text` (1.0 = identical).
+
+    token_f1: F1 of the multisets of word tokens (punctuation split off), robust to small
+              rewordings and order changes; ratio: difflib's character-level ratio.
+    Two empty texts are identical (1.0); one empty text against a non-empty one is 0.0.
+    """
+    a, b = normalize_text(expected), normalize_text(observed)
+    if a == b:
+        return 1.0
+    if not a or not b:
+        return 0.0
+    if method == "ratio":
+        return difflib.SequenceMatcher(None, a, b, autojunk=False).ratio()
+    if method != "token_f1":
+        raise ValueError(f"similarity method {method!r} is not one of {SIMILARITIES}")
+    ta, tb = _tokens(a), _tokens(b)
+    common = sum((Counter(ta) & Counter(tb)).values())
+    if common == 0:
+        return 0.0
+    precision, recall = common / len(ta), common / len(tb)
+    return 2 * precision * recall / (precision + recall)
+
+
+_TOKEN = re.compile(r"\w+|[^\w\s]")
+
+
+def _tokens(text: str) -> list[str]:
+    return _TOKEN.findall(text)
+
+
+@dataclass
+class StepRecord:
+    """One real step as the rules see it."""
+
+    action_key: str
+    observation: str
+    score: float
+    error: bool = False
+
+
+@dataclass
+class PivotContext:
+    """Everything the rules may look at after a real step (the step itself is history[-1])."""
+
+    history: list[StepRecord]
+    expectation: str | None = None  # predicted observation for the last step
+    since_replan: int = 0  # real steps since the last replan (the last step included)
+    score_before: float = 0.0  # score before the last step
+    max_steps: int = 0  # 0: no limit
+    tokens_used: int = 0
+    tokens_before: int = 0  # model tokens used before this step's decisions
+    max_tokens: int = 0  # 0: no limit
+
+    @property
+    def last(self) -> StepRecord:
+        return self.history[-1]
+
+
+@runtime_checkable
+class PivotRule(Protocol):
+    name: str
+    severity: str
+
+    def check(self, ctx: PivotContext) -> PivotEvent | None: ...
+
+
+def _check_severity(severity: str) -> str:
+    if severity not in SEVERITIES:
+        raise ValueError(f"pivot severity {severity!r} is not one of {SEVERITIES}")
+    return severity
+
+
+@dataclass
+class ErrorObservation:
+    """The environment rejected the action (its error flag) or answered with error-like text."""
+
+    patterns: Sequence[re.Pattern[str]] | None = None  # None: judge.DEFAULT_ERROR_PATTERNS
+    severity: str = "error"
+    name: str = "error_observation"
+
+    def __post_init__(self) -> None:
+        _check_severity(self.severity)
+
+    def check(self, ctx: PivotContext) -> PivotEvent | None:
+        last = ctx.last
+        by_text = looks_like_error(last.observation, self.patterns)
+        if not (last.error or by_text):
+            return None
+        why = "env flagged the action as failed" if last.error else "observation reads like an error"
+        return PivotEvent(
+            rule=self.name,
+            severity=self.severity,
+            evidence={"action": last.action_key, "observation": last.observation, "env_error": last.error},
+            message=f"{last.action_key!r}: {why}: {last.observation!r}",
+        )
+
+
+@dataclass
+class ExpectationMismatch:
+    """The real observation departs from the predicted one beyond the threshold."""
+
+    threshold: float = 0.75
+    method: str = "token_f1"
+    severity: str = "error"
+    name: str = "expectation_mismatch"
+
+    def __post_init__(self) -> None:
+        _check_severity(self.severity)
+        if not 0.0 <= self.threshold <= 1.0:
+            raise ValueError(f"expectation mismatch threshold: must be in [0, 1], got {self.threshold}")
+        if self.method not in SIMILARITIES:
+            raise ValueError(f"similarity method {self.method!r} is not one of {SIMILARITIES}")
+
+    def check(self, ctx: PivotContext) -> PivotEvent | None:
+        if ctx.expectation is None:
+            return None
+        sim = similarity(ctx.expectation, ctx.last.observation, self.method)
+        if sim >= self.threshold:
+            return None
+        return PivotEvent(
+            rule=self.name,
+            severity=self.severity,
+            evidence={
+                "action": ctx.last.action_key,
+                "expected": ctx.expectation,
+                "observed": ctx.last.observation,
+                "similarity": round(sim, 4),
+                "threshold": self.threshold,
+                "method": self.method,
+            },
+            message=f"expected {ctx.expectation!r}, saw {ctx.last.observation!r} ({self.method} {sim:.2f} < "
+            f"{self.threshold})",
+        )
+
+
+@dataclass
+class RepeatedAction:
+    """The same action `limit` times in a row (since the last replan), or the same (action, observation) pair
+    `limit` times in the episode: the agent is looping."""
+
+    limit: int = 3
+    severity: str = "warning"
+    name: str = "repeated_action"
+
+    def __post_init__(self) -> None:
+        _check_severity(self.severity)
+        if self.limit < 2:
+            raise ValueError(f"repeated action limit: must be >= 2, got {self.limit}")
+
+    def check(self, ctx: PivotContext) -> PivotEvent | None:
+        last = ctx.last
+        run = 0
+        for rec in reversed(ctx.history[len(ctx.history) - ctx.since_replan :] if ctx.since_replan else []):
+            if rec.action_key != last.action_key:
+                break
+            run += 1
+        obs = normalize_text(last.observation)
+        pair = sum(r.action_key == last.action_key and normalize_text(r.observation) == obs for r in ctx.history)
+        if run < self.limit and pair < self.limit:
+            return None
+        kind = "in a row" if run >= self.limit else "with the same observation"
+        count = run if run >= self.limit else pair
+        return PivotEvent(
+            rule=self.name,
+            severity=self.severity,
+            evidence={
+                "action": last.action_key,
+                "consecutive": run,
+                "same_pair": pair,
+                "limit": self.limit,
+                "observation": last.observation,
+            },
+            message=f"{last.action_key!r} taken {count} times {kind} (limit {self.limit})",
+        )
+
+
+@dataclass
+class NoProgress:
+    """No score increase over the last `steps` real steps (counted since the last replan)."""
+
+    steps: int = 8
+    severity: str = "warning"
+    name: str = "no_progress"
+
+    def __post_init__(self) -> None:
+        _check_severity(self.severity)
+        if self.steps < 1:
+            raise ValueError(f"no progress steps: must be >= 1, got {self.steps}")
+
+    def check(self, ctx: PivotContext) -> PivotEvent | None:
+        window = min(ctx.since_replan, len(ctx.history))
+        if window < self.steps:
+            return None
+        recent = ctx.history[-self.steps :]
+        before = ctx.history[-self.steps - 1].score if len(ctx.history) > self.steps else 0.0
+        best = max(r.score for r in recent)
+        if best > before:
+            return None
+        return PivotEvent(
+            rule=self.name,
+            severity=self.severity,
+            evidence={"steps": self.steps, "score_before_window": before, "best_in_window": best},
+            message=f"no score increase in the last {self.steps} steps (score {before:g})",
+        )
+
+
+@dataclass
+class ScoreDrop:
+    """The score fell by more than `min_drop` on the last step."""
+
+    min_drop: float = 0.0
+    severity: str = "error"
+    name: str = "score_drop"
+
+    def __post_init__(self) -> None:
+        _check_severity(self.severity)
+        if self.min_drop < 0:
+            raise ValueError(f"score drop min_drop: must be >= 0, got {self.min_drop}")
+
+    def check(self, ctx: PivotContext) -> PivotEvent | None:
+        drop = ctx.score_before - ctx.last.score
+        if drop <= self.min_drop:
+            return None
+        return PivotEvent(
+            rule=self.name,
+            severity=self.severity,
+            evidence={"before": ctx.score_before, "after": ctx.last.score, "drop": drop, "min_drop": self.min_drop},
+            message=f"score fell from {ctx.score_before:g} to {ctx.last.score:g} after {ctx.last.action_key!r}",
+        )
+
+
+@dataclass
+class BudgetNearlyExhausted:
+    """The step or token budget just crossed `fraction` of its limit (fires once per resource)."""
+
+    fraction: float = 0.9
+    severity: str = "warning"
+    name: str = "budget_nearly_exhausted"
+
+    def __post_init__(self) -> None:
+        _check_severity(self.severity)
+        if not 0.0 < self.fraction <= 1.0:
+            raise ValueError(f"budget fraction: must be in (0, 1], got {self.fraction}")
+
+    def check(self, ctx: PivotContext) -> PivotEvent | None:
+        steps = len(ctx.history)
+        crossed = []
+        if ctx.max_steps and (steps - 1) < self.fraction * ctx.max_steps <= steps:
+            crossed.append(f"steps {steps}/{ctx.max_steps}")
+        if ctx.max_tokens and ctx.tokens_before < self.fraction * ctx.max_tokens <= ctx.tokens_used:
+            crossed.append(f"tokens {ctx.tokens_used}/{ctx.max_tokens}")
+        if not crossed:
+            return None
+        return PivotEvent(
+            rule=self.name,
+            severity=self.severity,
+            evidence={
+                "steps": steps,
+                "max_steps": ctx.max_steps,
+                "tokens": ctx.tokens_used,
+                "max_tokens": ctx.max_tokens,
+                "fraction": self.fraction,
+            },
+            message=f"budget above {self.fraction:.0%}: " + ", ".join(crossed),
+        )
+
+
+@dataclass
+class PivotMonitor:
+    """Runs the rules after each real step; errors fire at once, warnings after `warning_threshold` of them."""
+
+    rules: list[PivotRule]
+    warning_threshold: int = 2
+    warnings: int = field(default=0, init=False)  # warnings counted since the last fire / reset
+
+    def __post_init__(self) -> None:
+        if self.warning_threshold < 1:
+            raise ValueError(f"warning_threshold: must be >= 1, got {self.warning_threshold}")
+        names = [r.name for r in self.rules]
+        if len(set(names)) != len(names):
+            raise ValueError(f"pivot rules must have distinct names, got {names}")
+
+    def reset(self) -> None:
+        self.warnings = 0
+
+    def check(self, ctx: PivotContext) -> list[PivotEvent]:
+        events = [e for rule in self.rules if (e := rule.check(ctx)) is not None]
+        fired_error = False
+        for e in events:
+            if e.severity == "error":
+                e.fired = fired_error = True
+        pending = [e for e in events if e.severity == "warning"]
+        self.warnings += len(pending)
+        if pending and (fired_error or self.warnings >= self.warning_threshold):
+            for e in pending:
+                e.fired = True
+        for e in pending:
+            e.evidence["warnings_counted"] = self.warnings
+            e.evidence["warning_threshold"] = self.warning_threshold
+        if any(e.fired for e in events):
+            self.warnings = 0
+        return events
+
+
+def default_rules(
+    mismatch_threshold: float = 0.75,
+    similarity_method: str = "token_f1",
+    repeat_limit: int = 3,
+    no_progress_steps: int = 8,
+    min_score_drop: float = 0.0,
+    budget_fraction: float = 0.9,
+    error_patterns: Sequence[re.Pattern[str]] | None = None,
+) -> list[PivotRule]:
+    """The six rules of DESIGN.md with their default severities."""
+    return [
+        ErrorObservation(patterns=error_patterns),
+        ExpectationMismatch(threshold=mismatch_threshold, method=similarity_method),
+        RepeatedAction(limit=repeat_limit),
+        NoProgress(steps=no_progress_steps),
+        ScoreDrop(min_drop=min_score_drop),
+        BudgetNearlyExhausted(fraction=budget_fraction),
+    ]

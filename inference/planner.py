@@ -1,0 +1,1043 @@
+"""The planning loop: imagine, judge, commit, act and watch, pivot, finish (../shared/DESIGN.md).
+
+One loop, three arms (inference/arms.py): `reactive` (K=1, H=0), `plan` (open-loop) and `simplan`
+(simulate + pivot). The loop talks to the models only through the engine protocol
+(inference/engine.py), renders every prompt with data/format.py, parses every model output with
+the env's own `parse_action`, and writes a full trace (inference/trace.py).
+
+    planner = Planner(engine, env, PlannerConfig(arm="simplan"))
+    result = planner.run(task)                 # EpisodeResult(trace, summary)
+
+From the command line: `simplan run --env toy --task corridor-100 --arm simplan --engine hf ...`.
+
+1. Imagine: from the real state the decider proposes K first actions (scores the valid actions
+   with `engine.score` and keeps the top K when the env lists them, else samples n=K, constrained
+   to the valid actions or to the tool-call syntax). Each candidate is rolled out H steps: the
+   simulator predicts the next observation and the decider picks the next action. All K
+   candidates of a depth go in ONE engine call per role. Predictions are cached by
+   (state, action).
+2. Judge: inference/judge.py scores each rollout with explicit parts; all are logged.
+3. Commit: the best rollout's actions are queued with their expectations (predicted observations),
+   cut before the first predicted error.
+4. Act and watch: queued actions run for real with no model calls while nothing fires.
+5. Pivot: rules of inference/pivots.py; a fired pivot drops the queue, writes a failure note into
+   the prompt's failure memory, bans the failed action in that state, and replans from the real
+   state (within the replan budget).
+6. Finish: only the env's `done`/`won` ends an episode as success or failure; budgets end it otherwise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import re
+import threading
+import time
+import traceback
+import weakref
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from simplan.data.format import (
+    DEFAULT_MAX_FAILURES,
+    Messages,
+    PromptState,
+    chat_token_counter,
+    decider_messages,
+    failure_note,
+    fit_to_budget,
+    render_action,
+    simulator_messages,
+    state_from_steps,
+)
+from simplan.envs.base import Action, ActionParseError, Env, Observation, StepResult, Task
+from simplan.inference.arms import ARMS, arm_preset
+from simplan.inference.engine import Engine, GenerationRequest, GenerationResult, ScoreRequest, ScoreResult
+from simplan.inference.judge import (
+    DEFAULT_ERROR_PATTERNS,
+    DEFAULT_PROGRESS_PATTERNS,
+    Judge,
+    JudgeMemory,
+    JudgeWeights,
+    compile_patterns,
+    env_patterns,
+)
+from simplan.inference.pivots import (
+    SIMILARITIES,
+    PivotContext,
+    PivotMonitor,
+    PivotRule,
+    StepRecord,
+    default_rules,
+    similarity,
+)
+from simplan.inference.trace import (
+    ActEvent,
+    CandidateRecord,
+    CommitEvent,
+    EndEvent,
+    EpisodeSummary,
+    EpisodeTrace,
+    ImagineEvent,
+    ParseFailureEvent,
+    PlanItem,
+    ReplanEvent,
+    TraceEvent,
+    normalize_text,
+    summarize,
+)
+
+PROPOSE_MODES = ("auto", "score", "sample")
+IMAGINED_ACTIONS = ("seen", "free")
+# Pivot rules whose firing means the last action itself went wrong: its note goes to the failure
+# memory, the judge down-weights it, and it is banned in the state where it failed.
+FAILURE_RULES = ("error_observation", "repeated_action", "score_drop", "no_progress")
+BAN_RULES = ("error_observation", "repeated_action")
+
+
+def _help(text: str) -> dict[str, str]:
+    return {"help": text}
+
+
+@dataclass
+class PlannerConfig:
+    """Settings of the planning loop. Fields left at None come from the arm preset (inference/arms.py)."""
+
+    arm: str = field(default="simplan", metadata=_help(f"agent arm: {', '.join(ARMS)}"))
+    k: int | None = field(default=None, metadata=_help("candidate first actions per decision (arm preset)"))
+    horizon: int | None = field(default=None, metadata=_help("imagined steps per candidate, H (arm preset)"))
+    pivots: bool | None = field(default=None, metadata=_help("watch real steps with the pivot rules (arm preset)"))
+    adaptive: bool | None = field(
+        default=None, metadata=_help("skip simulation when the decider is confident (arm preset)")
+    )
+    confident_margin: float = field(
+        default=0.6, metadata=_help("adaptive: top-1 minus top-2 probability at which simulation is skipped")
+    )
+    propose: str = field(
+        default="auto",
+        metadata=_help("how the decider proposes: score valid actions, sample n=K, or auto (score when listed)"),
+    )
+    temperature: float = field(default=0.8, metadata=_help("sampling temperature of proposals (sample mode)"))
+    top_p: float = field(default=0.95, metadata=_help("nucleus sampling of proposals (sample mode)"))
+    decider_max_tokens: int = field(default=48, metadata=_help("max new tokens of a decider completion"))
+    simulator_max_tokens: int = field(default=128, metadata=_help("max new tokens of a simulator completion"))
+    decider_adapter: str = field(default="decider", metadata=_help("engine adapter of the decider ('' = base)"))
+    simulator_adapter: str = field(default="simulator", metadata=_help("engine adapter of the simulator ('' = base)"))
+    prompt_budget: int = field(default=1024, metadata=_help("prompt tokens; oldest history steps are dropped"))
+    max_history: int = field(default=8, metadata=_help("history steps shown in a prompt (before the budget)"))
+    imagined_actions: str = field(
+        default="seen",
+        metadata=_help("actions offered in imagined states: seen (valid actions seen so far, constrained) or free"),
+    )
+    max_steps: int = field(default=50, metadata=_help("real actions per episode"))
+    max_replans: int = field(default=10, metadata=_help("pivot-triggered replans per episode"))
+    token_budget: int = field(default=0, metadata=_help("model tokens (prompt + completion) per episode; 0 = none"))
+    family_budgets: dict = field(
+        default_factory=dict,
+        metadata=_help("per task family overrides, e.g. {cookingworld: {max_steps: 80, horizon: 4}}"),
+    )
+    mismatch_threshold: float = field(
+        default=0.75, metadata=_help("expectation mismatch fires below this similarity (0..1)")
+    )
+    similarity: str = field(default="token_f1", metadata=_help(f"observation similarity: {', '.join(SIMILARITIES)}"))
+    repeat_limit: int = field(default=3, metadata=_help("repeated_action: same action / same pair this many times"))
+    no_progress_steps: int = field(default=8, metadata=_help("no_progress: steps without a score increase"))
+    min_score_drop: float = field(default=0.0, metadata=_help("score_drop: fires when the score falls more"))
+    budget_fraction: float = field(default=0.9, metadata=_help("budget_nearly_exhausted: fraction of a budget"))
+    warning_threshold: int = field(default=2, metadata=_help("warnings that together fire a pivot"))
+    w_error: float = field(default=-2.0, metadata=_help("judge weight: predicted error/invalid outcome"))
+    w_progress: float = field(default=1.0, metadata=_help("judge weight: predicted progress/reward"))
+    w_repeat: float = field(default=-0.5, metadata=_help("judge weight: repeats of seen (action, observation)"))
+    w_failed: float = field(default=-1.0, metadata=_help("judge weight: actions in the failure memory"))
+    w_length: float = field(default=-0.05, metadata=_help("judge weight: per imagined step"))
+    w_likelihood: float = field(default=0.5, metadata=_help("judge weight: decider probability of the 1st action"))
+    discount: float = field(default=0.9, metadata=_help("judge: weight of imagined step i is discount**i"))
+    judge_threshold: float = field(
+        default=-1.0, metadata=_help("below this total only the plan's first action is committed")
+    )
+    sim_cache: bool = field(default=True, metadata=_help("cache simulator predictions by (state, action)"))
+    cache_history: int = field(default=2, metadata=_help("history steps that are part of a cached state's key"))
+    max_failures: int = field(
+        default=DEFAULT_MAX_FAILURES, metadata=_help("failure-memory notes shown in prompts (newest distinct)")
+    )
+    error_patterns: list[str] = field(
+        default_factory=list, metadata=_help("extra regexes of error observations (added to the env's)")
+    )
+    progress_patterns: list[str] = field(
+        default_factory=list, metadata=_help("extra regexes of progress observations (added to the env's)")
+    )
+    fallback_action: str = field(
+        default="look", metadata=_help("action text when the decider gives nothing usable and no valid list exists")
+    )
+    sample_seed: int | None = field(default=0, metadata=_help("seed of proposal sampling (None: random)"))
+    raise_errors: bool = field(default=False, metadata=_help("re-raise exceptions (the end event is written first)"))
+
+    def __post_init__(self) -> None:
+        for name, value in arm_preset(self.arm).items():  # validates the arm name
+            if getattr(self, name) is None:
+                setattr(self, name, value)
+        checks = [
+            ("k", self.k >= 1, ">= 1"),
+            ("horizon", self.horizon >= 0, ">= 0"),
+            ("confident_margin", 0.0 <= self.confident_margin <= 1.0, "in [0, 1]"),
+            ("temperature", self.temperature >= 0.0, ">= 0"),
+            ("top_p", 0.0 < self.top_p <= 1.0, "in (0, 1]"),
+            ("decider_max_tokens", self.decider_max_tokens >= 1, ">= 1"),
+            ("simulator_max_tokens", self.simulator_max_tokens >= 1, ">= 1"),
+            ("prompt_budget", self.prompt_budget >= 64, ">= 64"),
+            ("max_history", self.max_history >= 0, ">= 0"),
+            ("max_steps", self.max_steps >= 1, ">= 1"),
+            ("max_replans", self.max_replans >= 0, ">= 0"),
+            ("token_budget", self.token_budget >= 0, ">= 0 (0 = no limit)"),
+            ("mismatch_threshold", 0.0 <= self.mismatch_threshold <= 1.0, "in [0, 1]"),
+            ("repeat_limit", self.repeat_limit >= 2, ">= 2"),
+            ("no_progress_steps", self.no_progress_steps >= 1, ">= 1"),
+            ("min_score_drop", self.min_score_drop >= 0.0, ">= 0"),
+            ("budget_fraction", 0.0 < self.budget_fraction <= 1.0, "in (0, 1]"),
+            ("warning_threshold", self.warning_threshold >= 1, ">= 1"),
+            ("discount", 0.0 < self.discount <= 1.0, "in (0, 1]"),
+            ("cache_history", self.cache_history >= 0, ">= 0"),
+            ("max_failures", self.max_failures >= 0, ">= 0"),
+        ]
+        for name, ok, expected in checks:
+            if not ok:
+                raise ValueError(f"PlannerConfig.{name}: must be {expected}, got {getattr(self, name)!r}")
+        choices = [
+            ("propose", PROPOSE_MODES),
+            ("similarity", SIMILARITIES),
+            ("imagined_actions", IMAGINED_ACTIONS),
+        ]
+        for name, allowed in choices:
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"PlannerConfig.{name}: {getattr(self, name)!r} is not one of {', '.join(allowed)}")
+        budget_keys = {"max_steps", "max_replans", "token_budget", "horizon", "k"}
+        for family, over in self.family_budgets.items():
+            bad = set(over) - budget_keys if isinstance(over, dict) else {"<not a mapping>"}
+            if bad:
+                raise ValueError(
+                    f"PlannerConfig.family_budgets[{family!r}]: unknown keys {sorted(bad)}; use {sorted(budget_keys)}"
+                )
+        compile_patterns(self.error_patterns + self.progress_patterns)
+
+    def weights(self) -> JudgeWeights:
+        return JudgeWeights(
+            error=self.w_error,
+            progress=self.w_progress,
+            repeat=self.w_repeat,
+            failed=self.w_failed,
+            length=self.w_length,
+            likelihood=self.w_likelihood,
+            discount=self.discount,
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Router: per-episode budgets and the adaptive horizon
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class Budgets:
+    max_steps: int
+    max_replans: int
+    token_budget: int  # 0 = no limit
+    horizon: int
+    k: int
+
+
+class Router:
+    """Decides how much planning a task deserves: budgets per task family, horizon per decision."""
+
+    def __init__(self, config: PlannerConfig) -> None:
+        self.config = config
+
+    def budgets(self, task: Task) -> Budgets:
+        c = self.config
+        b = Budgets(c.max_steps, c.max_replans, c.token_budget, c.horizon, c.k)  # type: ignore[arg-type]
+        for key, value in c.family_budgets.get(task.family, {}).items():
+            setattr(b, key, int(value))
+        return b
+
+    def horizon(self, budgets: Budgets, margin: float | None, steps_left: int, degraded: bool) -> tuple[int, str]:
+        """(horizon for this decision, why it differs from the budget's horizon or '')."""
+        if budgets.horizon == 0:
+            return 0, ""
+        if degraded:
+            return 0, "budget nearly exhausted: acting without simulation"
+        if self.config.adaptive and margin is not None and margin >= self.config.confident_margin:
+            return 0, f"decider confident (margin {margin:.2f} >= {self.config.confident_margin}): no simulation"
+        return max(0, min(budgets.horizon, steps_left)), ""
+
+
+# ---------------------------------------------------------------------------------------------
+# Engine accounting for one episode (the engine itself may be shared by concurrent episodes)
+# ---------------------------------------------------------------------------------------------
+class MeteredEngine:
+    """Counts this episode's engine calls, tokens and seconds; scoring tokens count as prompt tokens."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.calls = 0
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self.seconds = 0.0
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        t0 = time.perf_counter()
+        results = self.engine.generate(requests)
+        self.seconds += time.perf_counter() - t0
+        self.calls += 1
+        self.prompt_tokens += sum(r.prompt_tokens for r in results)
+        self.completion_tokens += sum(r.completion_tokens for r in results)
+        return results
+
+    def score(self, requests: list[ScoreRequest]) -> list[ScoreResult]:
+        t0 = time.perf_counter()
+        results = self.engine.score(requests)
+        self.seconds += time.perf_counter() - t0
+        self.calls += 1
+        self.prompt_tokens += sum(r.prompt_tokens + sum(r.num_tokens) for r in results)
+        return results
+
+
+def approx_token_counter(messages: Messages) -> int:
+    """~4 characters per token plus a few per message: used when the engine exposes no tokenizer."""
+    return sum(len(m.get("content", "")) // 4 + 4 for m in messages)
+
+
+_TOKENIZER_LOCK = threading.RLock()
+_FITTER_CACHES: weakref.WeakKeyDictionary[Any, tuple[dict[str, int], dict[tuple[str, ...], int]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+class PromptFitter:
+    """Fits prompt states to the token budget (data/format.fit_to_budget) without tokenizing every prompt.
+
+    Exact counting renders the chat template and tokenizes the whole prompt, which costs more than
+    anything else the loop does. With a tokenizer, a prompt is first bounded from above by the
+    template's own tokens plus the cached token counts of its lines plus one token per newline
+    and a small slack (tokenizers pre-split text at newlines, so lines do not merge); only a prompt
+    whose bound exceeds the budget is counted exactly and trimmed.
+    """
+
+    SLACK = 8
+    MAX_CACHE = 100_000
+
+    def __init__(self, count_tokens: Callable[[Messages], int], budget: int, tokenizer: Any = None) -> None:
+        self.count_tokens, self.budget, self.tokenizer = count_tokens, budget, tokenizer
+        # Line counts depend only on the tokenizer: share them between the planners of one process.
+        caches = _FITTER_CACHES.setdefault(tokenizer, ({}, {})) if tokenizer is not None else ({}, {})
+        self._lines: dict[str, int] = caches[0]
+        self._scaffold: dict[tuple[str, ...], int] = caches[1]
+        self.exact_counts = 0  # prompts that needed the exact path (for benchmarks)
+
+    def fit(self, state: PromptState, render: Callable[[PromptState], Messages]) -> PromptState:
+        if self.tokenizer is not None and self.upper_bound(render(state)) <= self.budget:
+            return state
+        self.exact_counts += 1
+        fitted, _ = fit_to_budget(state, render, self.count_tokens, self.budget)
+        return fitted
+
+    def upper_bound(self, messages: Messages) -> int:
+        roles = tuple(m["role"] for m in messages)
+        scaffold = self._scaffold.get(roles)
+        if scaffold is None:
+            scaffold = self._scaffold[roles] = self.count_tokens([{"role": r, "content": ""} for r in roles])
+        lines = [line for m in messages for line in m["content"].split("\n")]
+        counts = {line: self._lines.get(line) for line in set(lines)}  # local: other threads may clear the cache
+        new = [line for line, c in counts.items() if c is None]
+        if new:
+            with _TOKENIZER_LOCK:  # HF fast tokenizers can fail ("Already borrowed") when called concurrently
+                ids = self.tokenizer(new, add_special_tokens=False)["input_ids"]
+            fresh = dict(zip(new, map(len, ids)))
+            counts.update(fresh)
+            if len(self._lines) > self.MAX_CACHE:
+                self._lines.clear()
+            self._lines.update(fresh)
+        return scaffold + sum(counts[line] for line in lines) + len(lines) + self.SLACK  # type: ignore[misc]
+
+
+def locked(count: Callable[[Messages], int]) -> Callable[[Messages], int]:
+    """A token counter that holds the shared tokenizer lock (episodes may run in threads)."""
+
+    def count_locked(messages: Messages) -> int:
+        with _TOKENIZER_LOCK:
+            return count(messages)
+
+    return count_locked
+
+
+def _key(*parts: Any) -> str:
+    return hashlib.sha1(json.dumps(parts, ensure_ascii=False, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _softmax(logprobs: list[float]) -> list[float]:
+    m = max(logprobs)
+    exps = [math.exp(x - m) for x in logprobs]
+    z = sum(exps)
+    return [e / z for e in exps]
+
+
+# ---------------------------------------------------------------------------------------------
+# Episode state
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class Proposal:
+    action: Action
+    probability: float | None = None
+    logprob: float | None = None
+
+
+@dataclass
+class Rollout:
+    actions: list[Action]
+    predicted: list[str | None] = field(default_factory=list)
+    probability: float | None = None
+    logprob: float | None = None
+    alive: bool = True
+
+
+@dataclass
+class Queued:
+    action: Action
+    expectation: str | None
+    source: str  # plan | reactive | fallback
+
+
+@dataclass
+class EpisodeResult:
+    trace: EpisodeTrace
+    summary: EpisodeSummary
+
+
+@dataclass
+class _Episode:
+    task: Task
+    budgets: Budgets
+    trace: EpisodeTrace
+    meter: MeteredEngine
+    obs: Observation
+    goal: str
+    past: list[tuple[Action, str, bool]] = field(default_factory=list)  # real (action, observation, error)
+    records: list[StepRecord] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    bans: dict[str, set[str]] = field(default_factory=dict)  # real state key -> banned action keys
+    seen_valid: list[str] = field(default_factory=list)  # valid actions seen so far, first-seen order
+    memory: JudgeMemory = field(default_factory=JudgeMemory)
+    score: float = 0.0
+    replans: int = 0
+    pivots: int = 0
+    parse_failures: int = 0
+    since_replan: int = 0
+    degraded: bool = False
+    calls_at_last_act: int = 0
+    prompt_at_last_act: int = 0
+    completion_at_last_act: int = 0
+    tokens_at_last_act: int = 0
+    planning_seconds: float = 0.0
+    env_seconds: float = 0.0
+    sample_calls: int = 0
+
+    @property
+    def steps(self) -> int:
+        return len(self.past)
+
+
+class Planner:
+    """Runs episodes of one env with one engine. One Planner per concurrent episode stream."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        env: Env,
+        config: PlannerConfig,
+        count_tokens: Callable[[Messages], int] | None = None,
+        tokenizer: Any = None,
+        rules: list[PivotRule] | None = None,
+        sink: Callable[[TraceEvent], None] | None = None,
+    ) -> None:
+        self.engine, self.env, self.config, self.sink = engine, env, config, sink
+        self.decider = config.decider_adapter or None
+        self.simulator = config.simulator_adapter or None
+        known = list(getattr(engine, "adapters", []) or [])
+        for role, name in (("decider", self.decider), ("simulator", self.simulator)):
+            if name is not None and name not in known:
+                raise ValueError(
+                    f"PlannerConfig.{role}_adapter: the engine has no adapter {name!r} (it has: "
+                    f"{', '.join(known) or 'none'}); pass --adapters {role}=DIR to the engine, or "
+                    f"--{role}-adapter '' to use the base model"
+                )
+        # Token counting: the engine's tokenizer (chat template) unless a counter or tokenizer is given.
+        tokenizer = tokenizer if tokenizer is not None else getattr(engine, "tokenizer", None)
+        if not (tokenizer is not None and callable(tokenizer) and hasattr(tokenizer, "apply_chat_template")):
+            tokenizer = None
+        if count_tokens is None:
+            count_tokens = locked(chat_token_counter(tokenizer)) if tokenizer is not None else approx_token_counter
+        self.count_tokens = count_tokens
+        self.fitter = PromptFitter(count_tokens, config.prompt_budget, tokenizer)
+        error_patterns = env_patterns(env, "error_patterns", DEFAULT_ERROR_PATTERNS, config.error_patterns)
+        progress_patterns = env_patterns(env, "progress_patterns", DEFAULT_PROGRESS_PATTERNS, config.progress_patterns)
+        self.judge = Judge(config.weights(), error_patterns, progress_patterns)
+        if rules is None:
+            rules = default_rules(
+                mismatch_threshold=config.mismatch_threshold,
+                similarity_method=config.similarity,
+                repeat_limit=config.repeat_limit,
+                no_progress_steps=config.no_progress_steps,
+                min_score_drop=config.min_score_drop,
+                budget_fraction=config.budget_fraction,
+                error_patterns=self.judge.error_re,
+            )
+        self.rules = rules
+        self.router = Router(config)
+        self.cache: dict[tuple[str, str], str] = {}  # (state key, action key) -> predicted observation
+        self._can_score = True
+        self._unsupported: set[str] = set()  # constrained-decoding kinds the backend refused
+
+    # -- episode ---------------------------------------------------------------------------------
+    def run(self, task: Task, episode_id: str | None = None) -> EpisodeResult:
+        """One episode of `task`; never raises for env/engine failures (status "errored") unless raise_errors."""
+        cfg = self.config
+        t0 = time.perf_counter()
+        status, error, won = "failed", None, False
+        try:
+            obs = self.env.reset(task)
+        except Exception as e:  # e.g. a crashed JVM: the episode is lost but recorded
+            obs = Observation(text="")
+            status, error = "errored", f"reset: {type(e).__name__}: {e}\n{traceback.format_exc(limit=6)}"
+            if cfg.raise_errors:
+                raise
+        env_seconds = time.perf_counter() - t0
+        budgets = self.router.budgets(task)
+        trace = EpisodeTrace.start(
+            episode_id=episode_id or f"{task.env}/{task.task_id}/{cfg.arm}/0",
+            env=task.env,
+            task=task.to_dict(),
+            arm=cfg.arm,
+            config=dataclasses.asdict(cfg),
+            budgets=dataclasses.asdict(budgets),
+            goal=obs.goal,
+            observation=obs.text,
+            sink=self.sink,
+        )
+        trace.t0 = t0
+        ep = _Episode(task, budgets, trace, MeteredEngine(self.engine), obs, obs.goal, env_seconds=env_seconds)
+        self._note_valid(ep, obs)
+        if error is None:
+            try:
+                status, won = self._loop(ep)
+            except Exception as e:  # an env or engine failure ends this episode, not the evaluation
+                status, error = "errored", f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=6)}"
+                if cfg.raise_errors:
+                    self._end(ep, status, won, error, t0)
+                    raise
+        self._end(ep, status, won, error, t0)
+        return EpisodeResult(trace, summarize(trace))
+
+    def _end(self, ep: _Episode, status: str, won: bool, error: str | None, t0: float) -> None:
+        m = ep.meter
+        ep.trace.add(
+            EndEvent(
+                status=status,
+                success=won,
+                score=ep.score,
+                steps=ep.steps,
+                replans=ep.replans,
+                pivots=ep.pivots,
+                parse_failures=ep.parse_failures,
+                model_calls=m.calls,
+                prompt_tokens=m.prompt_tokens,
+                completion_tokens=m.completion_tokens,
+                wall_seconds=round(time.perf_counter() - t0, 6),
+                planning_seconds=round(ep.planning_seconds, 6),
+                env_seconds=round(ep.env_seconds, 6),
+                engine_seconds=round(m.seconds, 6),
+                error=error,
+            ),
+            step=ep.steps,
+        )
+
+    def _loop(self, ep: _Episode) -> tuple[str, bool]:
+        """Run until the env ends the episode or a budget does; returns (status, won)."""
+        b = ep.budgets
+        monitor = PivotMonitor(list(self.rules), self.config.warning_threshold) if self.config.pivots else None
+        queue: deque[Queued] = deque()
+        while True:
+            if ep.steps >= b.max_steps:
+                return "budget_steps", False
+            if not queue:
+                if b.token_budget and ep.meter.tokens >= b.token_budget:
+                    return "budget_tokens", False
+                t = time.perf_counter()
+                queue.extend(self.imagine(ep))
+                ep.planning_seconds += time.perf_counter() - t
+            item = queue.popleft()
+            before_key = self._real_state_key(ep.obs)
+            result = self._act(ep, item)
+            if result.done:
+                return ("success" if result.won else "failed"), bool(result.won)
+            if monitor is None:
+                continue
+            ctx = PivotContext(
+                history=ep.records,
+                expectation=item.expectation,
+                since_replan=ep.since_replan,
+                score_before=ep.records[-2].score if len(ep.records) > 1 else 0.0,
+                max_steps=b.max_steps,
+                tokens_used=ep.meter.tokens,
+                tokens_before=ep.tokens_at_last_act,
+                max_tokens=b.token_budget,
+            )
+            events = monitor.check(ctx)
+            for e in events:
+                ep.trace.add(e, step=ep.steps)
+            fired = [e for e in events if e.fired]
+            if not fired or ep.steps >= b.max_steps:
+                continue  # (the step budget ends the episode at the top of the loop: no replan to spend)
+            ep.pivots += len(fired)
+            if ep.replans >= b.max_replans:
+                return "budget_replans", False
+            ep.replans += 1
+            names = [e.rule for e in fired]
+            note, banned = None, []
+            if any(n in FAILURE_RULES for n in names):
+                note = self._remember_failure(ep, item.action)
+                ep.memory.failed_actions.add(item.action.key())
+            if any(n in BAN_RULES for n in names):
+                # A failed action rarely changes the world, so the state after it is the same place
+                # under another description: ban the action under both keys.
+                keys = {before_key, self._real_state_key(ep.obs)} if result.observation.error else {before_key}
+                for k in keys:
+                    ep.bans.setdefault(k, set()).add(item.action.key())
+                banned = [render_action(item.action)]
+            if "budget_nearly_exhausted" in names:
+                ep.degraded = True
+            ep.trace.add(
+                ReplanEvent(
+                    reason=",".join(names),
+                    replans=ep.replans,
+                    budget=b.max_replans,
+                    dropped=len(queue),
+                    banned=banned,
+                    failure_note=note,
+                ),
+                step=ep.steps,
+            )
+            queue.clear()
+            monitor.reset()
+            ep.since_replan = 0
+
+    def _act(self, ep: _Episode, item: Queued) -> StepResult:
+        t = time.perf_counter()
+        result = self.env.step(item.action)
+        env_dt = time.perf_counter() - t
+        ep.env_seconds += env_dt
+        obs = result.observation
+        match = None
+        if item.expectation is not None:
+            match = round(similarity(item.expectation, obs.text, self.config.similarity), 4)
+        error = bool(obs.error)
+        ep.past.append((item.action, obs.text, error))
+        ep.records.append(StepRecord(item.action.key(), obs.text, float(result.score), error))
+        ep.memory.seen_pairs.add((item.action.key(), normalize_text(obs.text)))
+        ep.score = float(result.score)
+        ep.since_replan += 1
+        m = ep.meter
+        fault = result.info.get("fault") if isinstance(result.info, dict) else None
+        ep.trace.add(
+            ActEvent(
+                action=render_action(item.action),
+                action_key=item.action.key(),
+                observation=obs.text,
+                expectation=item.expectation,
+                match=match,
+                error=error,
+                reward=float(result.reward),
+                score=float(result.score),
+                done=bool(result.done),
+                won=bool(result.won),
+                source=item.source,
+                fault=str(fault) if fault is not None else None,
+                model_calls=m.calls - ep.calls_at_last_act,
+                prompt_tokens=m.prompt_tokens - ep.prompt_at_last_act,
+                completion_tokens=m.completion_tokens - ep.completion_at_last_act,
+                env_seconds=round(env_dt, 6),
+            ),
+            step=ep.steps,
+        )
+        ep.tokens_at_last_act = m.tokens
+        ep.calls_at_last_act, ep.prompt_at_last_act, ep.completion_at_last_act = (
+            m.calls,
+            m.prompt_tokens,
+            m.completion_tokens,
+        )
+        ep.obs = obs
+        self._note_valid(ep, obs)
+        if error:  # every arm remembers failed steps, as the training prompts do (data/format.py)
+            self._remember_failure(ep, item.action)
+        return result
+
+    def _remember_failure(self, ep: _Episode, action: Action) -> str:
+        """Add the failure note of `action` and the current observation: distinct, latest last, newest N kept."""
+        note = failure_note(action, ep.obs.text)
+        if note in ep.failures:
+            ep.failures.remove(note)
+        ep.failures.append(note)
+        keep = self.config.max_failures
+        ep.failures[:] = ep.failures[-keep:] if keep else []
+        return note
+
+    # -- states ----------------------------------------------------------------------------------
+    def _note_valid(self, ep: _Episode, obs: Observation) -> None:
+        for a in obs.valid_actions or []:
+            if a not in ep.seen_valid:
+                ep.seen_valid.append(a)
+
+    @staticmethod
+    def _real_state_key(obs: Observation) -> str:
+        return _key(normalize_text(obs.text), list(obs.valid_actions or []))
+
+    def _allowed(self, ep: _Episode) -> list[str] | None:
+        """The real state's valid actions minus those banned here (all of them if everything is banned)."""
+        valid = ep.obs.valid_actions
+        if not valid:
+            return None
+        banned = ep.bans.get(self._real_state_key(ep.obs), set())
+        allowed = [a for a in valid if self._action_key_of_text(a) not in banned]
+        return allowed or list(valid)
+
+    def _action_key_of_text(self, text: str) -> str:
+        try:
+            return self.env.parse_action(text).key()
+        except ActionParseError:
+            return text.strip().lower()
+
+    def _prompt_state(
+        self,
+        ep: _Episode,
+        imagined: list[tuple[Action, str, bool]],
+        observation: str,
+        valid: list[str] | None,
+        action: Action | None = None,
+    ) -> PromptState:
+        """Prompt state fitted to the token budget (of the simulator prompt when `action` is given)."""
+        state = state_from_steps(
+            ep.goal,
+            observation,
+            ep.past + imagined,
+            valid_actions=valid,
+            tools=ep.obs.tools,
+            failures=ep.failures,
+            max_history=self.config.max_history,
+        )
+        render = decider_messages if action is None else (lambda s: simulator_messages(s, action))
+        return self.fitter.fit(state, render)
+
+    def _cache_key(self, state: PromptState, action: Action) -> tuple[str, str]:
+        hist = state.history[-self.config.cache_history :] if self.config.cache_history else []
+        skey = _key(
+            state.goal,
+            normalize_text(state.observation),
+            [(h.action, normalize_text(h.observation), h.error) for h in hist],
+            state.valid_actions,
+        )
+        return skey, action.key()
+
+    def _parse_failure(self, ep: _Episode, role: str, text: str, reason: str, handled: str) -> None:
+        ep.parse_failures += 1
+        ep.trace.add(ParseFailureEvent(role=role, text=text, reason=reason, handled=handled), step=ep.steps)
+
+    def _parse(self, text: str, allowed: list[str] | None) -> Action:
+        action = self.env.parse_action(text)
+        if allowed is not None and action.key() not in {self._action_key_of_text(a) for a in allowed}:
+            raise ActionParseError(f"{render_action(action)!r} is not among the valid actions")
+        return action
+
+    def _constraint(self, ep: _Episode, choices: list[str] | None) -> dict[str, Any]:
+        """Constrained decoding for the decider: a choice list, or the tool-call syntax with the task's tools.
+
+        A kind the backend refused once (NotImplementedError) is not asked for again; outputs are
+        still parsed and checked against the valid actions, so only efficiency is lost.
+        """
+        if choices and "choices" not in self._unsupported:
+            return {"choices": list(choices)}
+        if ep.obs.tools and not choices and "regex" not in self._unsupported:
+            names = [str(t.get("name") or t.get("function", {}).get("name", "")) for t in ep.obs.tools]
+            names = [re.escape(n) for n in names if n] + ["finish"]
+            return {"regex": rf"({'|'.join(names)})\(.*\)"}
+        return {}
+
+    def _generate(self, ep: _Episode, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        """One batched call; a backend that cannot constrain gets the requests again unconstrained."""
+        try:
+            return ep.meter.generate(requests)
+        except NotImplementedError:
+            kinds = {k for r in requests for k in ("choices", "regex", "json_schema") if getattr(r, k) is not None}
+            if not kinds:
+                raise
+            self._unsupported |= kinds
+            plain = [dataclasses.replace(r, choices=None, regex=None, json_schema=None) for r in requests]
+            return ep.meter.generate(plain)
+
+    # -- 1. imagine, 2. judge, 3. commit ---------------------------------------------------------
+    def imagine(self, ep: _Episode) -> list[Queued]:
+        """Propose, roll out, judge and commit from the real state; returns the plan queue."""
+        b = ep.budgets
+        t0 = time.perf_counter()
+        calls0, p0, c0 = ep.meter.calls, ep.meter.prompt_tokens, ep.meter.completion_tokens
+        allowed = self._allowed(ep)
+        root = self._prompt_state(ep, [], ep.obs.text, allowed)
+        proposals, margin, how, fallback = self._propose(ep, root, allowed, b.k)
+        steps_left = b.max_steps - ep.steps
+        horizon, reason = self.router.horizon(b, margin, steps_left, ep.degraded)
+        if fallback:
+            horizon, reason = 0, "fallback: the decider gave no usable action"
+        rollouts = [Rollout([p.action], [], p.probability, p.logprob) for p in proposals]
+        hits = self._rollout(ep, rollouts, horizon, allowed)
+        records = []
+        for i, r in enumerate(rollouts):
+            parts, total = self.judge.score([a.key() for a in r.actions], r.predicted, ep.memory, r.probability)
+            records.append(
+                CandidateRecord(
+                    index=i,
+                    actions=[render_action(a) for a in r.actions],
+                    predicted=[p if p is not None else "" for p in r.predicted],
+                    logprob=r.logprob,
+                    parts=parts,
+                    total=total,
+                )
+            )
+        best = max(range(len(records)), key=lambda i: (records[i].total, -i))
+        records[best].chosen = True
+        m = ep.meter
+        ep.trace.add(
+            ImagineEvent(
+                candidates=records,
+                horizon=horizon,
+                skipped_simulation=b.horizon > 0 and horizon == 0,
+                reason="; ".join(x for x in (how, reason) if x),
+                model_calls=m.calls - calls0,
+                prompt_tokens=m.prompt_tokens - p0,
+                completion_tokens=m.completion_tokens - c0,
+                cache_hits=hits,
+                seconds=round(time.perf_counter() - t0, 6),
+            ),
+            step=ep.steps,
+        )
+        source = "fallback" if fallback else ("plan" if horizon > 0 else "reactive")
+        queue = self._commit(rollouts[best], records[best].total, source)
+        ep.trace.add(
+            CommitEvent(
+                plan=[PlanItem(render_action(q.action), q.expectation) for q in queue],
+                candidate=best,
+                total=records[best].total,
+            ),
+            step=ep.steps,
+        )
+        return queue
+
+    def _commit(self, rollout: Rollout, total: float, source: str) -> list[Queued]:
+        queue = []
+        for i, action in enumerate(rollout.actions):
+            expectation = rollout.predicted[i] if i < len(rollout.predicted) else None
+            if i > 0 and (expectation is None or self.judge.is_error(expectation)):
+                break  # never queue an action expected to fail, nor one whose outcome was not imagined
+            queue.append(Queued(action, expectation, source))
+            if self.judge.is_error(expectation or "") or total < self.config.judge_threshold:
+                break  # a failing or low-scored plan: take one step and look again
+        return queue
+
+    def _propose(
+        self, ep: _Episode, root: PromptState, allowed: list[str] | None, k: int
+    ) -> tuple[list[Proposal], float | None, str, bool]:
+        """K first actions from the real state: (proposals, confidence margin, how, is_fallback)."""
+        mode = self.config.propose
+        if mode == "auto":
+            mode = "score" if allowed else "sample"
+        if mode == "score" and allowed and self._can_score:
+            scored = self._score_actions(ep, root, allowed)
+            if scored is not None:
+                top = scored[:k]
+                probs = [p.probability or 0.0 for p in scored] + [0.0]
+                margin = probs[0] - probs[1]
+                return top, margin, f"scored {len(allowed)} valid actions", False
+        return self._sample(ep, root, allowed, k)
+
+    def _score_actions(self, ep: _Episode, root: PromptState, allowed: list[str]) -> list[Proposal] | None:
+        req = ScoreRequest(
+            candidates=list(allowed), adapter=self.decider, messages=decider_messages(root), tag="decide"
+        )
+        try:
+            (res,) = ep.meter.score([req])
+        except NotImplementedError:
+            self._can_score = False
+            return None
+        probs = _softmax(res.logprobs)
+        out = []
+        for text, lp, p in zip(allowed, res.logprobs, probs):
+            try:
+                action = self.env.parse_action(text)
+            except ActionParseError as e:
+                self._parse_failure(ep, "decider", text, f"valid action the env cannot parse: {e}", "dropped")
+                continue
+            out.append(Proposal(action, p, lp))
+        out.sort(key=lambda p: -(p.probability or 0.0))
+        return out or None
+
+    def _sample(
+        self, ep: _Episode, root: PromptState, allowed: list[str] | None, k: int
+    ) -> tuple[list[Proposal], float | None, str, bool]:
+        cfg = self.config
+        messages = decider_messages(root)
+        for attempt in range(2):  # sample, then resample once
+            seed = None if cfg.sample_seed is None else cfg.sample_seed + ep.sample_calls
+            ep.sample_calls += 1
+            req = GenerationRequest(
+                adapter=self.decider,
+                messages=messages,
+                n=k,
+                # K=1 decides greedily; a resample after unparseable output samples instead.
+                temperature=cfg.temperature if (k > 1 or attempt > 0) else 0.0,
+                top_p=cfg.top_p,
+                max_tokens=cfg.decider_max_tokens,
+                logprobs=True,
+                seed=seed,
+                tag="decide",
+                **self._constraint(ep, allowed),
+            )
+            (res,) = self._generate(ep, [req])
+            counts: dict[str, int] = {}
+            first: dict[str, Proposal] = {}
+            failures = []
+            for c in res.completions:
+                try:
+                    action = self._parse(c.text, allowed)
+                except ActionParseError as e:
+                    failures.append((c.text, str(e)))
+                    continue
+                key = action.key()
+                counts[key] = counts.get(key, 0) + 1
+                first.setdefault(key, Proposal(action, None, c.logprob))
+            handled = "dropped" if first else ("resample" if attempt == 0 else "fallback")
+            for text, why in failures:
+                self._parse_failure(ep, "decider", text, why, handled)
+            if first:
+                n = sum(counts.values())
+                ranked = sorted(first, key=lambda key: -counts[key])  # stable: first sampled wins ties
+                props = [dataclasses.replace(first[key], probability=counts[key] / n) for key in ranked]
+                # Agreement between samples is a confidence signal only when there are several samples.
+                probs = [p.probability or 0.0 for p in props] + [0.0]
+                margin = probs[0] - probs[1] if n > 1 else None
+                return props, margin, f"sampled n={k}", False
+        return [self._fallback(ep, root, allowed)], None, "fallback", True
+
+    def _fallback(self, ep: _Episode, root: PromptState, allowed: list[str] | None) -> Proposal:
+        """The highest-scored valid action, else the first valid one, else the configured no-op, else finish."""
+        if allowed:
+            if self._can_score:
+                scored = self._score_actions(ep, root, allowed)
+                if scored:
+                    return scored[0]
+            for text in allowed:
+                try:
+                    return Proposal(self.env.parse_action(text))
+                except ActionParseError:
+                    continue
+        try:
+            return Proposal(self.env.parse_action(self.config.fallback_action))
+        except ActionParseError:
+            return Proposal(Action(kind="finish"))
+
+    def _rollout(self, ep: _Episode, rollouts: list[Rollout], horizon: int, allowed: list[str] | None) -> int:
+        """Imagine `horizon` steps of every rollout, one engine call per role and depth; returns cache hits."""
+        cfg, b = self.config, ep.budgets
+        hits = 0
+        if cfg.imagined_actions == "seen" and ep.seen_valid:
+            imagined_valid = list(dict.fromkeys((allowed or []) + ep.seen_valid))
+        else:
+            imagined_valid = None
+        for depth in range(horizon):
+            if b.token_budget and ep.meter.tokens >= b.token_budget:
+                break
+            alive = [r for r in rollouts if r.alive and len(r.actions) == depth + 1]
+            if not alive:
+                break
+            # Simulate: the observation after each rollout's latest action.
+            pending: list[tuple[Rollout, tuple[str, str]]] = []
+            requests = []
+            for r in alive:
+                state = self._imagined_state(ep, r, allowed if depth == 0 else imagined_valid)
+                ckey = self._cache_key(state, r.actions[-1])
+                if cfg.sim_cache and ckey in self.cache:
+                    r.predicted.append(self.cache[ckey])
+                    hits += 1
+                    continue
+                pending.append((r, ckey))
+                requests.append(
+                    GenerationRequest(
+                        adapter=self.simulator,
+                        messages=simulator_messages(state, r.actions[-1]),
+                        max_tokens=cfg.simulator_max_tokens,
+                        tag="simulate",
+                    )
+                )
+            if requests:
+                for (r, ckey), res in zip(pending, self._generate(ep, requests)):
+                    text = res.completions[0].text.strip() if res.completions else ""
+                    if not text:
+                        self._parse_failure(ep, "simulator", text, "empty prediction", "dropped")
+                        r.predicted.append(None)
+                        r.alive = False
+                        continue
+                    r.predicted.append(text)
+                    if cfg.sim_cache:
+                        self.cache[ckey] = text
+            for r in alive:
+                if r.predicted[-1] is not None and self.judge.is_error(r.predicted[-1]):
+                    r.alive = False  # the rollout ends at a predicted failure
+            if depth == horizon - 1:
+                break
+            # Decide: the next action of every rollout still alive.
+            alive = [r for r in alive if r.alive]
+            if not alive or (b.token_budget and ep.meter.tokens >= b.token_budget):
+                break
+            requests = []
+            for r in alive:
+                state = self._imagined_state(ep, r, imagined_valid, predicted=True)
+                requests.append(
+                    GenerationRequest(
+                        adapter=self.decider,
+                        messages=decider_messages(state),
+                        max_tokens=cfg.decider_max_tokens,
+                        tag="decide",
+                        **self._constraint(ep, imagined_valid),
+                    )
+                )
+            for r, res in zip(alive, self._generate(ep, requests)):
+                text = res.completions[0].text if res.completions else ""
+                try:
+                    r.actions.append(self._parse(text, imagined_valid))
+                except ActionParseError as e:
+                    self._parse_failure(ep, "decider", text, str(e), "dropped")
+                    r.alive = False
+        return hits
+
+    def _imagined_state(
+        self, ep: _Episode, r: Rollout, valid: list[str] | None, predicted: bool = False
+    ) -> PromptState:
+        """The prompt state inside a rollout: real history + imagined steps so far.
+
+        predicted=False: the state before the rollout's latest action (to simulate it);
+        predicted=True: the state after the latest prediction (to decide the next action).
+        """
+        n = len(r.predicted) if predicted else len(r.actions) - 1
+        imagined = [(r.actions[i], r.predicted[i] or "", False) for i in range(n)]
+        observation = imagined[-1][1] if imagined else ep.obs.text
+        return self._prompt_state(ep, imagined, observation, valid, action=None if predicted else r.actions[-1])

@@ -1,0 +1,477 @@
+"""Episode traces: what the planning loop imagined, did and why it pivoted, one JSON line per event.
+
+Every episode of `simplan run` / `simplan eval` writes a trace. A trace is a sequence of events,
+each a JSON object on its own line, all carrying `type`, `episode_id`, `t` (seconds since the
+episode started) and `step` (real actions taken so far). Several episodes may share one file;
+`read_traces` groups lines by `episode_id`.
+
+    type           what it records
+    start          header: env, task, arm, resolved config, budgets, goal, first observation
+    imagine        the K candidates with their imagined rollouts (actions, predicted observations,
+                   score parts and total), the engine calls/tokens/seconds it cost, cache hits
+    commit         the plan queue: actions with their expectations (predicted observations)
+    act            one real step: action, real observation, expectation, match score, error flag,
+                   reward, score, source (plan / reactive / fallback), model calls and tokens spent
+                   since the previous act, env seconds
+    pivot          rule, severity, evidence, and whether it fired or was only counted (a warning)
+    replan         why, how many replans used of the budget, banned actions, the failure note
+    parse_failure  unparseable model output: role, raw text, reason, how it was handled
+    end            status, the env's success flag, final score, steps, counts, tokens, model calls,
+                   wall / planning / env seconds
+
+`summarize(trace)` computes per-episode metrics from the events alone, so every number of a report
+traces back to the episode file. This module imports nothing heavy (only the standard library and
+`simplan.data.io`), so evaluation and report code can use it without torch or an engine.
+
+    trace = EpisodeTrace.start(episode_id="toy/corridor-3/simplan/0", env="toy", task=task.to_dict(), ...)
+    trace.add(ActEvent(step=1, action="go east", observation="...", ...))
+    append_trace("runs/x/traces.jsonl", trace)
+    for t in read_traces("runs/x/traces.jsonl"):
+        print(summarize(t))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any, ClassVar
+
+from simplan.data.io import append_jsonl, read_jsonl_tolerant, write_jsonl
+
+TRACE_VERSION = 1
+END_STATUSES = ("success", "failed", "budget_steps", "budget_replans", "budget_tokens", "errored")
+ACT_SOURCES = ("plan", "reactive", "fallback")
+SEVERITIES = ("warning", "error")
+
+
+def normalize_text(text: str | None) -> str:
+    """Lower-case, whitespace-collapsed text: the form in which observations are compared."""
+    return " ".join((text or "").lower().split())
+
+
+# ---------------------------------------------------------------------------------------------
+# Events
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class TraceEvent:
+    """Fields every event line carries. Subclasses set `type`."""
+
+    type: ClassVar[str] = ""
+    episode_id: str = ""
+    t: float = 0.0  # seconds since the episode started
+    step: int = 0  # real actions taken so far
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.type, **asdict(self)}
+
+
+@dataclass
+class StartEvent(TraceEvent):
+    type: ClassVar[str] = "start"
+    env: str = ""
+    task: dict[str, Any] = field(default_factory=dict)  # Task.to_dict()
+    arm: str = ""
+    config: dict[str, Any] = field(default_factory=dict)  # resolved PlannerConfig (and anything else)
+    budgets: dict[str, Any] = field(default_factory=dict)  # router's per-episode budgets
+    goal: str = ""
+    observation: str = ""
+    version: int = TRACE_VERSION
+
+
+@dataclass
+class CandidateRecord:
+    """One imagined rollout: its actions, the simulator's predictions and the judge's score."""
+
+    index: int = 0
+    actions: list[str] = field(default_factory=list)  # rendered actions, first = the candidate
+    predicted: list[str] = field(default_factory=list)  # predicted observation after each action
+    logprob: float | None = None  # decider log-likelihood of the first action (when known)
+    parts: dict[str, float] = field(default_factory=dict)  # weighted score parts
+    total: float = 0.0
+    chosen: bool = False
+
+
+@dataclass
+class ImagineEvent(TraceEvent):
+    type: ClassVar[str] = "imagine"
+    candidates: list[CandidateRecord] = field(default_factory=list)
+    horizon: int = 0  # depth actually simulated (0 when the router skipped simulation)
+    skipped_simulation: bool = False
+    reason: str = ""  # why simulation was skipped / how candidates were proposed
+    model_calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cache_hits: int = 0
+    seconds: float = 0.0
+
+
+@dataclass
+class PlanItem:
+    action: str
+    expectation: str | None = None
+
+
+@dataclass
+class CommitEvent(TraceEvent):
+    type: ClassVar[str] = "commit"
+    plan: list[PlanItem] = field(default_factory=list)
+    candidate: int = 0
+    total: float = 0.0
+
+
+@dataclass
+class ActEvent(TraceEvent):
+    type: ClassVar[str] = "act"
+    action: str = ""  # rendered action
+    action_key: str = ""  # Action.key(): canonical identity for repeats
+    observation: str = ""
+    expectation: str | None = None  # predicted observation, None when nothing was predicted
+    match: float | None = None  # similarity of observation and expectation in [0, 1]
+    error: bool = False
+    reward: float = 0.0
+    score: float = 0.0
+    done: bool = False
+    won: bool = False
+    source: str = "plan"  # plan | reactive | fallback
+    fault: str | None = None  # set by a fault-injecting env wrapper (info["fault"])
+    model_calls: int = 0  # engine calls since the previous act
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    env_seconds: float = 0.0
+
+
+@dataclass
+class PivotEvent(TraceEvent):
+    type: ClassVar[str] = "pivot"
+    rule: str = ""
+    severity: str = "warning"  # warning | error
+    evidence: dict[str, Any] = field(default_factory=dict)  # expected vs seen, counts, thresholds
+    message: str = ""
+    fired: bool = False  # False: a warning only counted toward the delayed trigger
+
+
+@dataclass
+class ReplanEvent(TraceEvent):
+    type: ClassVar[str] = "replan"
+    reason: str = ""  # rule name(s) that fired, or "queue_empty"
+    replans: int = 0  # replans used so far, this one included
+    budget: int = 0
+    dropped: int = 0  # queued actions dropped
+    banned: list[str] = field(default_factory=list)
+    failure_note: str | None = None
+
+
+@dataclass
+class ParseFailureEvent(TraceEvent):
+    type: ClassVar[str] = "parse_failure"
+    role: str = "decider"  # decider | simulator
+    text: str = ""
+    reason: str = ""
+    handled: str = "resample"  # resample | fallback | dropped
+
+
+@dataclass
+class EndEvent(TraceEvent):
+    type: ClassVar[str] = "end"
+    status: str = "failed"  # one of END_STATUSES
+    success: bool = False  # the environment's own success flag
+    score: float = 0.0
+    steps: int = 0
+    replans: int = 0
+    pivots: int = 0  # fired pivots
+    parse_failures: int = 0
+    model_calls: int = 0  # episode totals
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    wall_seconds: float = 0.0
+    planning_seconds: float = 0.0  # imagine + judge (engine calls included)
+    env_seconds: float = 0.0
+    engine_seconds: float = 0.0  # all engine calls (planning and reactive)
+    error: str | None = None  # message when status is "errored"
+
+
+EVENT_TYPES: dict[str, type[TraceEvent]] = {
+    cls.type: cls
+    for cls in (
+        StartEvent,
+        ImagineEvent,
+        CommitEvent,
+        ActEvent,
+        PivotEvent,
+        ReplanEvent,
+        ParseFailureEvent,
+        EndEvent,
+    )
+}
+
+
+def event_from_dict(d: dict[str, Any]) -> TraceEvent:
+    """Rebuild an event from its JSON object; unknown keys are ignored (newer writers)."""
+    kind = d.get("type")
+    if kind not in EVENT_TYPES:
+        raise ValueError(f"trace event type {kind!r} is unknown; expected one of {', '.join(EVENT_TYPES)}")
+    cls = EVENT_TYPES[kind]
+    names = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {k: v for k, v in d.items() if k in names}
+    if cls is ImagineEvent:
+        kwargs["candidates"] = [_from_fields(CandidateRecord, c) for c in kwargs.get("candidates", [])]
+    if cls is CommitEvent:
+        kwargs["plan"] = [_from_fields(PlanItem, p) for p in kwargs.get("plan", [])]
+    return cls(**kwargs)
+
+
+def _from_fields(cls: type, d: dict[str, Any]) -> Any:
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in d.items() if k in names})
+
+
+# ---------------------------------------------------------------------------------------------
+# The trace
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class EpisodeTrace:
+    """Header (from the start event) + events. `sink` (not serialized) sees every event as added."""
+
+    episode_id: str
+    env: str = ""
+    task: dict[str, Any] = field(default_factory=dict)
+    arm: str = ""
+    config: dict[str, Any] = field(default_factory=dict)
+    events: list[TraceEvent] = field(default_factory=list)
+    sink: Callable[[TraceEvent], None] | None = field(default=None, repr=False, compare=False)
+    t0: float = field(default_factory=time.perf_counter, repr=False, compare=False)
+
+    @staticmethod
+    def start(
+        episode_id: str,
+        env: str,
+        task: dict[str, Any],
+        arm: str,
+        config: dict[str, Any] | None = None,
+        budgets: dict[str, Any] | None = None,
+        goal: str = "",
+        observation: str = "",
+        sink: Callable[[TraceEvent], None] | None = None,
+    ) -> EpisodeTrace:
+        trace = EpisodeTrace(episode_id=episode_id, env=env, task=dict(task), arm=arm, config=dict(config or {}))
+        trace.sink = sink
+        trace.add(
+            StartEvent(
+                env=env,
+                task=dict(task),
+                arm=arm,
+                config=dict(config or {}),
+                budgets=dict(budgets or {}),
+                goal=goal,
+                observation=observation,
+            )
+        )
+        return trace
+
+    def add(self, event: TraceEvent, step: int | None = None) -> TraceEvent:
+        """Stamp the event (episode id, time; step if given) and append it."""
+        event.episode_id = self.episode_id
+        event.t = round(time.perf_counter() - self.t0, 6)
+        if step is not None:
+            event.step = step
+        self.events.append(event)
+        if self.sink is not None:
+            self.sink(event)
+        return event
+
+    def of_type(self, kind: str) -> list[Any]:
+        return [e for e in self.events if e.type == kind]
+
+    @property
+    def end(self) -> EndEvent | None:
+        ends = self.of_type("end")
+        return ends[-1] if ends else None
+
+    def to_dicts(self) -> list[dict[str, Any]]:
+        return [e.to_dict() for e in self.events]
+
+    @staticmethod
+    def from_dicts(records: Iterable[dict[str, Any]]) -> EpisodeTrace:
+        events = [event_from_dict(r) for r in records]
+        if not events:
+            raise ValueError("an episode trace needs at least one event")
+        head = next((e for e in events if isinstance(e, StartEvent)), None)
+        trace = EpisodeTrace(episode_id=events[0].episode_id, events=events)
+        if head is not None:
+            trace.env, trace.task, trace.arm, trace.config = head.env, head.task, head.arm, head.config
+        return trace
+
+
+def append_trace(path: str | os.PathLike, trace: EpisodeTrace) -> None:
+    """Append a finished episode's events with one durable write (a crash never tears an episode)."""
+    append_jsonl(path, trace.to_dicts())
+
+
+def write_traces(path: str | os.PathLike, traces: Iterable[EpisodeTrace]) -> int:
+    """Write traces to a new file atomically; returns the number of event lines."""
+    return write_jsonl(path, (d for t in traces for d in t.to_dicts()))
+
+
+def read_traces(path: str | os.PathLike, strict: bool = False) -> list[EpisodeTrace]:
+    """Read a trace file; events are grouped by episode id in order of first appearance.
+
+    A torn last line (crashed writer) is skipped; with `strict=True` it raises instead.
+    """
+    records, problems = read_jsonl_tolerant(path)
+    if problems and strict:
+        raise ValueError("; ".join(problems))
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in records:
+        groups.setdefault(str(r.get("episode_id", "")), []).append(r)
+    return [EpisodeTrace.from_dicts(rs) for rs in groups.values()]
+
+
+# ---------------------------------------------------------------------------------------------
+# Summary: per-episode metrics computed only from events
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class EpisodeSummary:
+    episode_id: str
+    env: str = ""
+    task_id: str = ""
+    family: str = ""
+    fold: str = ""
+    arm: str = ""
+    status: str = "incomplete"  # END_STATUSES, or "incomplete" when the trace has no end event
+    success: bool = False
+    score: float = 0.0
+    steps: int = 0
+    invalid_actions: int = 0  # real actions the env flagged as failed/invalid
+    redundant_actions: int = 0  # real (action, observation) pairs already seen earlier in the episode
+    faults: int = 0  # steps where a fault was injected
+    pivots: int = 0  # pivots that fired
+    pivot_warnings: int = 0  # warnings only counted
+    pivots_by_rule: dict[str, int] = field(default_factory=dict)  # fired pivots per rule
+    replans: int = 0
+    parse_failures: int = 0
+    plan_actions: int = 0
+    reactive_actions: int = 0
+    fallback_actions: int = 0
+    candidates_imagined: int = 0
+    model_calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+    wall_seconds: float = 0.0
+    planning_seconds: float = 0.0
+    planning_share: float = 0.0
+    env_seconds: float = 0.0
+    sim_predictions: int = 0  # real steps that had an expectation
+    sim_exact: int = 0  # of those, observation == expectation after normalize_text
+    sim_accuracy: float | None = None  # sim_exact / sim_predictions
+    sim_match_mean: float | None = None  # mean similarity of the predictions (match field)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def redundant_steps(acts: list[ActEvent]) -> list[int]:
+    """Steps whose (action, observation) pair already occurred earlier: loops and no-op repeats."""
+    seen: set[tuple[str, str]] = set()
+    out = []
+    for a in acts:
+        key = (a.action_key or normalize_text(a.action), normalize_text(a.observation))
+        if key in seen:
+            out.append(a.step)
+        seen.add(key)
+    return out
+
+
+def summarize(trace: EpisodeTrace) -> EpisodeSummary:
+    """Per-episode metrics from the trace's events alone (see EpisodeSummary for definitions)."""
+    acts: list[ActEvent] = trace.of_type("act")
+    pivots: list[PivotEvent] = trace.of_type("pivot")
+    imagines: list[ImagineEvent] = trace.of_type("imagine")
+    end = trace.end
+    task = trace.task or {}
+    s = EpisodeSummary(
+        episode_id=trace.episode_id,
+        env=trace.env,
+        task_id=str(task.get("task_id", "")),
+        family=str(task.get("family", "")),
+        fold=str(task.get("fold", "")),
+        arm=trace.arm,
+    )
+    s.steps = len(acts)
+    s.invalid_actions = sum(a.error for a in acts)
+    s.redundant_actions = len(redundant_steps(acts))
+    s.faults = sum(a.fault is not None for a in acts)
+    fired = [p for p in pivots if p.fired]
+    s.pivots = len(fired)
+    s.pivot_warnings = len(pivots) - len(fired)
+    s.pivots_by_rule = dict(sorted(Counter(p.rule for p in fired).items()))
+    s.replans = len(trace.of_type("replan"))
+    s.parse_failures = len(trace.of_type("parse_failure"))
+    sources = Counter(a.source for a in acts)
+    s.plan_actions, s.reactive_actions, s.fallback_actions = sources["plan"], sources["reactive"], sources["fallback"]
+    s.candidates_imagined = sum(len(e.candidates) for e in imagines)
+    predicted = [a for a in acts if a.expectation is not None]
+    s.sim_predictions = len(predicted)
+    s.sim_exact = sum(normalize_text(a.expectation) == normalize_text(a.observation) for a in predicted)
+    if predicted:
+        s.sim_accuracy = s.sim_exact / len(predicted)
+        matches = [a.match for a in predicted if a.match is not None]
+        s.sim_match_mean = sum(matches) / len(matches) if matches else None
+    if end is not None:
+        s.status, s.success, s.score = end.status, bool(end.success), float(end.score)
+        s.model_calls, s.prompt_tokens, s.completion_tokens = end.model_calls, end.prompt_tokens, end.completion_tokens
+        s.wall_seconds, s.planning_seconds, s.env_seconds = end.wall_seconds, end.planning_seconds, end.env_seconds
+    else:  # a trace cut short: rebuild what the events allow
+        s.success = any(a.won for a in acts)
+        s.score = acts[-1].score if acts else 0.0
+        s.model_calls = sum(a.model_calls for a in acts)
+        s.prompt_tokens = sum(a.prompt_tokens for a in acts)
+        s.completion_tokens = sum(a.completion_tokens for a in acts)
+        s.wall_seconds = trace.events[-1].t if trace.events else 0.0
+        s.planning_seconds = sum(e.seconds for e in imagines)
+        s.env_seconds = sum(a.env_seconds for a in acts)
+    s.total_tokens = s.prompt_tokens + s.completion_tokens
+    s.planning_share = s.planning_seconds / s.wall_seconds if s.wall_seconds > 0 else 0.0
+    return s
+
+
+def format_event(e: TraceEvent) -> str:
+    """One human line per event (the plain live view of `simplan run`)."""
+    if isinstance(e, StartEvent):
+        return f"[start] {e.env} {e.task.get('task_id', '')} arm={e.arm} goal: {e.goal}\n  obs: {e.observation}"
+    if isinstance(e, ImagineEvent):
+        lines = [
+            f"[imagine] {len(e.candidates)} candidate(s), horizon {e.horizon}" + (f" ({e.reason})" if e.reason else "")
+        ]
+        for c in e.candidates:
+            mark = "*" if c.chosen else " "
+            parts = " ".join(f"{k}={v:+.2f}" for k, v in c.parts.items())
+            lines.append(f"  {mark} {' -> '.join(c.actions)}  total={c.total:+.2f}  [{parts}]")
+            for a, p in zip(c.actions, c.predicted):
+                lines.append(f"      {a!r} => {p!r}")
+        return "\n".join(lines)
+    if isinstance(e, CommitEvent):
+        return "[commit] " + " ; ".join(p.action for p in e.plan)
+    if isinstance(e, ActEvent):
+        match = f" match={e.match:.2f}" if e.match is not None else ""
+        flag = " ERROR" if e.error else ""
+        return f"[act {e.step}] ({e.source}) > {e.action}{flag}  score={e.score:g}{match}\n  obs: {e.observation}"
+    if isinstance(e, PivotEvent):
+        state = "FIRED" if e.fired else "counted"
+        return f"[pivot {state}] {e.rule} ({e.severity}): {e.message}"
+    if isinstance(e, ReplanEvent):
+        note = f" note: {e.failure_note}" if e.failure_note else ""
+        return f"[replan {e.replans}/{e.budget}] {e.reason}; dropped {e.dropped}{note}"
+    if isinstance(e, ParseFailureEvent):
+        return f"[parse failure] {e.role}: {e.text!r} ({e.reason}); {e.handled}"
+    if isinstance(e, EndEvent):
+        return (
+            f"[end] {e.status} success={e.success} score={e.score:g} steps={e.steps} replans={e.replans} "
+            f"calls={e.model_calls} tokens={e.prompt_tokens + e.completion_tokens} wall={e.wall_seconds:.2f}s"
+        )
+    return json.dumps(e.to_dict())
