@@ -23,6 +23,14 @@ class ActionParseError(ValueError):
     """Model output that is not a well-formed action for this environment."""
 
 
+class EnvCrashed(RuntimeError):
+    """The environment's backend (e.g. its JVM) died mid-episode; the episode is lost.
+
+    Callers mark the episode errored (never drop it silently) and call `reset` again: adapters restart
+    their backend transparently on the next `reset`.
+    """
+
+
 @dataclass(frozen=True)
 class Action:
     """One structured action. `text` carries a command or an answer; tool calls use name + arguments."""

@@ -1,0 +1,298 @@
+"""Check that an environment adapter keeps the `envs.base.Env` contract (in the spirit of gymnasium's check_env).
+
+    from simplan.envs.check import check_env
+    report = check_env(make_env("twx"), fold_sample=3)
+    print(report.table()); assert report.ok
+    simplan envs check twx --sample 3 --families coin,twc        # the same from the command line
+
+Checks (each a named `CheckResult`, failures carry a message saying what and where):
+- protocol: the object implements `Env` and has a name;
+- tasks: every fold lists `Task`s of this env and fold, in a stable order; train is not empty;
+- folds disjoint: no task id in two folds;
+- reset/step types: `reset` returns an `Observation`, `step` a `StepResult` with numeric score and
+  bool done/won, and the same task resets to the same observation;
+- parse_action: rejects empty and multi-line output, and parses back the rendering of the
+  expert's first action (`data.format.render_action`) to the same action;
+- invalid action: an unknown command (text envs) or unknown tool (tool envs) gives an error
+  observation (`Observation.error`), not an exception, and does not end the episode;
+- expert: on `fold_sample` train tasks per family (evenly spread over the family's train list),
+  playing `expert_plan()` reaches `won` (100% required); expert steps flagged as errors are reported;
+- step after done: a step after the episode ended returns `done=True` (or raises a RuntimeError
+  that says so), never anything else.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from tqdm import tqdm
+
+from simplan.envs.base import FOLDS, Action, ActionParseError, Env, EnvCrashed, Observation, StepResult, Task
+
+INVALID_COMMAND = "xyzzy frobnicate"
+INVALID_TOOL = "xyzzy_frobnicate"
+
+
+@dataclass
+class CheckResult:
+    name: str
+    passed: bool
+    message: str = ""
+    seconds: float = 0.0
+
+
+@dataclass
+class CheckReport:
+    env: str
+    results: list[CheckResult] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.results) and all(r.passed for r in self.results)
+
+    @property
+    def failed(self) -> list[CheckResult]:
+        return [r for r in self.results if not r.passed]
+
+    def table(self) -> str:
+        """A plain-text table: check, PASS/FAIL, seconds, message."""
+        width = max([len(r.name) for r in self.results] + [5])
+        lines = [f"{'check':<{width}}  result  seconds  message", "-" * (width + 40)]
+        for r in self.results:
+            status = "PASS" if r.passed else "FAIL"
+            lines.append(f"{r.name:<{width}}  {status:<6}  {r.seconds:7.1f}  {r.message}")
+        verdict = "all checks passed" if self.ok else f"{len(self.failed)} of {len(self.results)} checks failed"
+        lines.append(f"{self.env}: {verdict}")
+        return "\n".join(lines)
+
+
+class _CheckFailed(Exception):
+    pass
+
+
+def _require(cond: bool, message: str) -> None:
+    if not cond:
+        raise _CheckFailed(message)
+
+
+def _run(report: CheckReport, name: str, fn: Callable[[], str]) -> bool:
+    """Run one check; an assertion failure or any exception becomes a FAIL with a message."""
+    t0 = time.perf_counter()
+    try:
+        message, passed = fn(), True
+    except _CheckFailed as e:
+        message, passed = str(e), False
+    except Exception as e:  # an adapter raising where it should not is exactly what we report
+        where = traceback.extract_tb(e.__traceback__)[-1]
+        message = f"{type(e).__name__}: {e} (at {where.filename}:{where.lineno})"
+        passed = False
+    report.results.append(CheckResult(name, passed, message, time.perf_counter() - t0))
+    return passed
+
+
+def _check_observation(obs: object, where: str) -> Observation:
+    _require(isinstance(obs, Observation), f"{where} returned {type(obs).__name__}, expected Observation")
+    assert isinstance(obs, Observation)
+    _require(isinstance(obs.text, str), f"{where}: Observation.text is {type(obs.text).__name__}, expected str")
+    _require(isinstance(obs.goal, str), f"{where}: Observation.goal is {type(obs.goal).__name__}, expected str")
+    va = obs.valid_actions
+    _require(
+        va is None or (isinstance(va, list) and all(isinstance(a, str) for a in va)),
+        f"{where}: Observation.valid_actions must be None or a list of str",
+    )
+    _require(obs.tools is None or isinstance(obs.tools, list), f"{where}: Observation.tools must be None or a list")
+    _require(isinstance(obs.error, bool), f"{where}: Observation.error is {type(obs.error).__name__}, expected bool")
+    return obs
+
+
+def _check_step(result: object, where: str) -> StepResult:
+    _require(isinstance(result, StepResult), f"{where} returned {type(result).__name__}, expected StepResult")
+    assert isinstance(result, StepResult)
+    _check_observation(result.observation, where)
+    for attr in ("reward", "score"):
+        value = getattr(result, attr)
+        _require(isinstance(value, int | float), f"{where}: StepResult.{attr} is {type(value).__name__}, not a number")
+    for attr in ("done", "won"):
+        value = getattr(result, attr)
+        _require(isinstance(value, bool), f"{where}: StepResult.{attr} is {type(value).__name__}, expected bool")
+    _require(isinstance(result.info, dict), f"{where}: StepResult.info must be a dict")
+    return result
+
+
+def _families(tasks: list[Task]) -> list[str]:
+    return list(dict.fromkeys(t.family for t in tasks))
+
+
+def _spread(items: list[Task], n: int) -> list[Task]:
+    """n items evenly spread over the list (deterministic), all of them when n >= len."""
+    if n >= len(items):
+        return list(items)
+    return [items[(i * len(items)) // n] for i in range(n)]
+
+
+def play(env: Env, task: Task, actions: list[Action]) -> tuple[StepResult | None, int, int]:
+    """Play actions from `reset(task)` until done: (last result, steps taken, steps flagged as errors)."""
+    last: StepResult | None = None
+    steps = errors = 0
+    for action in actions:
+        last = env.step(action)
+        steps += 1
+        errors += int(last.observation.error)
+        if last.done:
+            break
+    return last, steps, errors
+
+
+def check_env(
+    env: Env,
+    fold_sample: int = 3,
+    families: list[str] | None = None,
+    progress: bool = True,
+) -> CheckReport:
+    """Run every check on `env` (see the module docstring); never raises for an adapter's fault."""
+    if fold_sample < 1:
+        raise ValueError(f"fold_sample: must be >= 1, got {fold_sample}")
+    report = CheckReport(env=getattr(env, "name", type(env).__name__))
+    listed: dict[str, list[Task]] = {}
+
+    def protocol() -> str:
+        _require(isinstance(env, Env), f"{type(env).__name__} does not implement envs.base.Env")
+        _require(isinstance(getattr(env, "name", None), str) and bool(env.name), "env.name must be a non-empty str")
+        return f"{type(env).__name__} implements Env"
+
+    def tasks() -> str:
+        for fold in FOLDS:
+            ts = env.tasks(fold, families=families)
+            _require(isinstance(ts, list), f"tasks({fold!r}) returned {type(ts).__name__}, expected list")
+            for t in ts:
+                _require(isinstance(t, Task), f"tasks({fold!r}) holds a {type(t).__name__}, expected Task")
+                _require(t.env == env.name, f"task {t.task_id}: env={t.env!r}, expected {env.name!r}")
+                _require(t.fold == fold, f"task {t.task_id}: fold={t.fold!r}, listed under {fold!r}")
+            ids = [t.task_id for t in ts]
+            _require(len(set(ids)) == len(ids), f"tasks({fold!r}) lists some task id twice")
+            _require(
+                [t.task_id for t in env.tasks(fold, families=families, limit=5)] == ids[:5],
+                f"tasks({fold!r}, limit=5) is not the first 5 of tasks({fold!r}): the order is not stable",
+            )
+            listed[fold] = ts
+        _require(bool(listed["train"]), f"no train tasks (families={families})")
+        return (
+            ", ".join(f"{f}: {len(listed[f])}" for f in FOLDS) + f" tasks, {len(_families(listed['train']))} families"
+        )
+
+    def disjoint() -> str:
+        _require(bool(listed), "needs the task listing, which failed")
+        seen: dict[str, str] = {}
+        for fold in FOLDS:
+            for t in listed[fold]:
+                _require(t.task_id not in seen, f"task id {t.task_id} is in both {seen.get(t.task_id)} and {fold}")
+                seen[t.task_id] = fold
+        return f"{len(seen)} task ids, none in two folds"
+
+    def types() -> str:
+        _require(bool(listed.get("train")), "needs train tasks, which failed")
+        task = listed["train"][0]
+        obs = _check_observation(env.reset(task), f"reset({task.task_id})")
+        plan = env.expert_plan()
+        _require(isinstance(plan, list) and bool(plan), f"expert_plan() after reset({task.task_id}) is empty")
+        _require(all(isinstance(a, Action) for a in plan), "expert_plan() must return a list of Action")
+        result = _check_step(env.step(plan[0]), f"step({plan[0].key()}) on {task.task_id}")
+        again = _check_observation(env.reset(task), f"second reset({task.task_id})")
+        _require(again.text == obs.text, f"reset({task.task_id}) twice gave different observations")
+        return f"{task.task_id}: Observation, StepResult(score={result.score:.2f}), reset is repeatable"
+
+    def parse() -> str:
+        from simplan.data.format import render_action
+
+        _require(bool(listed.get("train")), "needs train tasks, which failed")
+        task = listed["train"][0]
+        env.reset(task)
+        first = env.expert_plan()[0]
+        rendered = render_action(first)
+        for bad in ("", "   \n ", f"{rendered}\n{rendered}"):
+            try:
+                env.parse_action(bad)
+            except ActionParseError:
+                continue
+            raise _CheckFailed(f"parse_action accepted {bad!r}; it must raise ActionParseError")
+        parsed = env.parse_action(rendered)
+        _require(parsed.key() == first.key(), f"parse_action({rendered!r}) gave {parsed.key()!r}, not {first.key()!r}")
+        return f"rejects empty and multi-line output; {rendered!r} round-trips"
+
+    def invalid() -> str:
+        _require(bool(listed.get("train")), "needs train tasks, which failed")
+        task = listed["train"][0]
+        obs = env.reset(task)
+        action = Action.tool_call(INVALID_TOOL, {}) if obs.tools else Action.command(INVALID_COMMAND)
+        try:
+            result = _check_step(env.step(action), f"step({action.key()})")
+        except (_CheckFailed, EnvCrashed):
+            raise
+        except Exception as e:
+            raise _CheckFailed(f"step({action.key()}) on {task.task_id} raised {type(e).__name__}: {e}") from None
+        _require(result.observation.error, f"step({action.key()}) on {task.task_id}: Observation.error is False")
+        _require(not result.done, f"step({action.key()}) on {task.task_id} ended the episode")
+        return f"{action.key()} -> error observation {result.observation.text[:60]!r}"
+
+    last_won: list[Task] = []
+
+    def expert() -> str:
+        _require(bool(listed.get("train")), "needs train tasks, which failed")
+        by_family: dict[str, list[Task]] = {}
+        for t in listed["train"]:
+            by_family.setdefault(t.family, []).append(t)
+        sample = [t for fam in by_family.values() for t in _spread(fam, fold_sample)]
+        wins: dict[str, list[int]] = {f: [0, 0] for f in by_family}
+        failures: list[str] = []
+        error_steps: list[str] = []
+        bar = tqdm(sample, desc=f"{report.env} expert", unit="ep", disable=not progress, leave=False)
+        for task in bar:
+            bar.set_postfix_str(task.task_id)
+            env.reset(task)
+            plan = env.expert_plan()
+            last, steps, errors = play(env, task, plan)
+            wins[task.family][1] += 1
+            if last is not None and last.won:
+                wins[task.family][0] += 1
+                last_won[:] = [task]
+            else:
+                state = "no step" if last is None else f"score {last.score:.2f}, done={last.done}"
+                failures.append(f"{task.task_id} ({steps}/{len(plan)} steps, {state})")
+            if errors:
+                error_steps.append(f"{task.task_id}: {errors}")
+        won = sum(w for w, _ in wins.values())
+        per_family = " ".join(f"{f}={w}/{n}" for f, (w, n) in wins.items())
+        note = f"; expert steps flagged as errors: {', '.join(error_steps[:5])}" if error_steps else ""
+        _require(not failures, f"expert failed on {len(failures)}/{len(sample)}: {', '.join(failures[:5])}{note}")
+        return f"{won}/{len(sample)} won ({per_family}){note}"
+
+    def after_done() -> str:
+        _require(bool(last_won), "needs an episode the expert won, which the expert check did not produce")
+        task = last_won[0]
+        env.reset(task)
+        plan = env.expert_plan()
+        last, _, _ = play(env, task, plan)
+        _require(last is not None and last.done, f"{task.task_id}: the expert episode did not end")
+        action = plan[-1]
+        try:
+            result = env.step(action)
+        except EnvCrashed:
+            raise
+        except RuntimeError as e:
+            return f"raises RuntimeError: {e}"
+        result = _check_step(result, f"step after done on {task.task_id}")
+        _require(result.done, f"step after done on {task.task_id} returned done=False")
+        return f"returns done=True ({result.observation.text[:50]!r})"
+
+    _run(report, "protocol", protocol)
+    _run(report, "tasks", tasks)
+    _run(report, "folds disjoint", disjoint)
+    _run(report, "reset/step types", types)
+    _run(report, "parse_action", parse)
+    _run(report, "invalid action", invalid)
+    _run(report, f"expert success (train, {fold_sample}/family)", expert)
+    _run(report, "step after done", after_done)
+    return report

@@ -1,0 +1,358 @@
+"""TextWorld-Express (textworld-express==1.1.0) as a simplan environment: 8 text games, TWX's own folds.
+
+    env = make_env("twx")                               # or TextWorldExpressEnv(game_params={...})
+    task = env.tasks("dev", families=["coin"], limit=1)[0]          # "coin-dev-0"
+    obs = env.reset(task)                               # obs.goal, obs.text, obs.valid_actions
+    result = env.step(env.parse_action("look around"))
+    plan = env.expert_plan()                            # TWX's gold path for this episode
+    env.close()                                         # shuts the JVM down
+    simplan envs check twx                              # the generic adapter check
+
+Games (`Task.family`): cookingworld, twc, coin, mapreader, arithmetic, sorting, simonsays,
+peckingorder. Folds are TWX's own seed lists (train 0-999, dev 10000-10999, test 20000-20999 in
+1.1.0, read from the JVM); the fold also selects TWX's object set (`gameSet`), so train games never
+share their items with dev/test. `task_id` is "{game}-{fold}-{index}" (index into the fold's seed
+list; `params["seed"]` is the TWX seed), `params` = {"game", "seed", "game_params"}: a task carries
+the game parameters it was listed with, so it replays the same world under any adapter config.
+
+Game parameters (`game_params`, a dict game -> TWX `gameParams` string, merged over the defaults
+below). TWX's own defaults give cookingworld gold paths up to ~130 steps (mean 44, 30% over 50) and
+up to 76 valid actions, so the defaults here keep every gold path well under a 50-step budget
+(measured on 100 train seeds per game: max gold length in brackets):
+- cookingworld  numLocations=3,numIngredients=2,numDistractorItems=5,includeDoors=0,limitInventorySize=0 [23]
+- coin          numLocations=5,numDistractorItems=5,includeDoors=1,limitInventorySize=0 [29]
+- twc           numLocations=2,numItemsToPutAway=3,includeDoors=0,limitInventorySize=0 [13]
+- mapreader, arithmetic, sorting, simonsays, peckingorder: TWX defaults [13, 5, 10, 5, 9]
+  (mapreader with fewer locations, e.g. numLocations=8, makes TWX throw while generating some seeds)
+Pass `game_params={"cookingworld": ""}` for TWX's own defaults of a game.
+
+Episode semantics.
+- `Observation.valid_actions` are TWX's valid actions for the current state (sorted).
+- `Observation.error` is True when the command is not among the valid actions (TWX answers
+  "Unknown action: I'm not sure what you mean.") or TWX's answer says it had no effect ("That is
+  already open.", "You can't move there, the door is closed.", a full inventory, ...). The command is
+  still sent to TWX, so the observation is TWX's own text. A valid but wrong move (e.g. simonsays
+  "Incorrect!") is not an error: it is a task failure (`info["taskfailure"]`, score -1, done).
+- `StepResult.score` is TWX's score: 0..1, but arithmetic, sorting, simonsays and peckingorder end a
+  failed episode with -1. `won` is `info["tasksuccess"]` or score >= 1. `done` on success, failure,
+  or after `max_steps` steps (`info["truncated"]`; default 200, above TWX's longest gold paths even
+  with its own game defaults; agents set their own, smaller budgets).
+- A step after `done` does not reach TWX: it returns an error observation with done=True.
+- `expert_plan()` is TWX's gold path, generated at reset (`generateGoldPath=True`) and cached then,
+  because `getGoldActionSequence()` is not deterministic for twc and coin. At reset the gold path is
+  replayed once (milliseconds) and steps TWX answers as errors are dropped (cookingworld's gold path
+  opens cupboards that are already open), so expert trajectories hold no spurious failures;
+  `expert_solves` records whether it reached success (TWX's gold path fails on a few seeds whose
+  worlds hold two objects of one name: 55 of the 1,000 peckingorder dev seeds, e.g. peckingorder-dev-22
+  with two cucumbers; every other seed of every game and fold is solved with the defaults above).
+
+JVM. One adapter = one JVM (started lazily, ~0.3 s), reused across episodes. If it dies, `step`
+raises `envs.base.EnvCrashed` (mark the episode errored) and the next `reset` starts a new one.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from simplan.envs.base import FOLDS, Action, ActionParseError, EnvCrashed, Observation, StepResult, Task
+from simplan.envs.jvm import JvmHandle
+
+GAMES: tuple[str, ...] = (
+    "cookingworld",
+    "twc",
+    "coin",
+    "mapreader",
+    "arithmetic",
+    "sorting",
+    "simonsays",
+    "peckingorder",
+)
+DEFAULT_GAME_PARAMS: dict[str, str] = {
+    "cookingworld": "numLocations=3,numIngredients=2,numDistractorItems=5,includeDoors=0,limitInventorySize=0",
+    "coin": "numLocations=5,numDistractorItems=5,includeDoors=1,limitInventorySize=0",
+    "twc": "numLocations=2,numItemsToPutAway=3,includeDoors=0,limitInventorySize=0",
+    "mapreader": "",
+    "arithmetic": "",
+    "sorting": "",
+    "simonsays": "",
+    "peckingorder": "",
+}
+# TWX answers to commands that did nothing (collected from the jar's strings and random play).
+_ERROR_RE = re.compile(
+    r"^\s*(unknown action|i'm not sure what you mean|that is already (open|closed)|you can't|"
+    r"you are unable to|.*you can't pick up another item)",
+    re.IGNORECASE,
+)
+# game -> fold -> seeds. Reading 3 x 1,000 seeds through py4j costs ~1 s per game, and TWX's seed lists
+# do not depend on gameParams, so every adapter in the process shares them.
+_SEED_CACHE: dict[str, dict[str, list[int]]] = {}
+AFTER_DONE_TEXT = "The episode is over; call reset() to start a new one."
+MAX_ACTION_CHARS = 200
+
+
+def _make_twx() -> Any:
+    from textworld_express import TextWorldExpressEnv as _TWX
+
+    # The adapter enforces its own step budget; TWX's own limit is set out of the way.
+    return _TWX(envStepLimit=10**9)
+
+
+def _replay_gold(twx: Any, gold: list[str], info: dict[str, Any]) -> tuple[list[str], bool]:
+    """Play TWX's gold path once: drop the steps TWX answers as errors (e.g. "open kitchen cupboard"
+    on an open cupboard: no effect on the world), and report whether it reaches success. The caller
+    resets the game afterwards."""
+    plan: list[str] = []
+    valid = set(info.get("validActions", []))
+    for command in gold:
+        _, _, _, info = twx.step(command)
+        if command in valid and not is_error_response(str(info["observation"])):
+            plan.append(command)
+        if info.get("tasksuccess") or float(info["score"]) >= 1.0:
+            return plan, True
+        if info.get("taskfailure"):
+            break
+        valid = set(info.get("validActions", []))
+    return plan, False
+
+
+def is_error_response(text: str) -> bool:
+    """True when TWX's answer says the command was not understood or had no effect."""
+    return bool(_ERROR_RE.match(text))
+
+
+class TextWorldExpressEnv:
+    """simplan adapter over TextWorld-Express (see the module docstring)."""
+
+    name = "twx"
+    description = "TextWorld-Express: 8 fast text games (cooking, coin, twc, map reading, arithmetic, ...)"
+    families: tuple[str, ...] = GAMES
+
+    def __init__(
+        self,
+        game_params: dict[str, str] | None = None,
+        max_steps: int = 200,
+        gold_path: bool = True,
+    ) -> None:
+        unknown = sorted(set(game_params or {}) - set(GAMES))
+        if unknown:
+            raise ValueError(f"game_params: unknown game(s) {unknown}; games are {', '.join(GAMES)}")
+        if max_steps < 1:
+            raise ValueError(f"max_steps: must be >= 1, got {max_steps}")
+        self.game_params: dict[str, str] = {**DEFAULT_GAME_PARAMS, **(game_params or {})}
+        self.max_steps = max_steps
+        self.gold_path = gold_path
+        self._jvm: JvmHandle[Any] = JvmHandle(_make_twx, "TextWorld-Express")
+        self._loaded: tuple[str, str] | None = None  # (game, gameParams) loaded in the JVM
+        self._seeds: dict[str, dict[str, list[int]]] = {}
+        self._task: Task | None = None
+        self._goal = ""
+        self._valid: list[str] = []
+        self._plan: list[Action] | None = None
+        self._plan_error = ""
+        self.expert_solves: bool | None = None  # did the gold path reach success when replayed at reset
+        self._steps = 0
+        self._score = 0.0
+        self._done = False
+        self._won = False
+
+    # -- task listing ------------------------------------------------------------------------
+    def fold_seeds(self, game: str, fold: str) -> list[int]:
+        """TWX's seed list for a game's fold (asked once from the JVM, then cached)."""
+        if game not in GAMES:
+            raise ValueError(f"game {game!r}: expected one of {', '.join(GAMES)}")
+        if fold not in FOLDS:
+            raise ValueError(f"fold {fold!r}: expected one of {', '.join(FOLDS)}")
+        if game not in self._seeds and game in _SEED_CACHE:
+            self._seeds[game] = _SEED_CACHE[game]
+        if game not in self._seeds:
+
+            def read(twx: Any) -> dict[str, list[int]]:
+                self._load(twx, game, self.game_params[game])
+                return {
+                    "train": [int(s) for s in twx.getValidSeedsTrain()],
+                    "dev": [int(s) for s in twx.getValidSeedsDev()],
+                    "test": [int(s) for s in twx.getValidSeedsTest()],
+                }
+
+            self._seeds[game] = _SEED_CACHE[game] = self._jvm.call(read, f"listing {game} seeds")
+        return list(self._seeds[game][fold])
+
+    def tasks(self, fold: str, families: list[str] | None = None, limit: int | None = None) -> list[Task]:
+        """Tasks of a fold, interleaved across games (game 0 seed 0, game 1 seed 0, ...) so that a
+        small `limit` still covers every game; `limit` caps the total."""
+        games = list(GAMES) if families is None else [g for g in GAMES if g in families]
+        unknown = sorted(set(families or []) - set(GAMES))
+        if unknown:
+            raise ValueError(f"families: unknown game(s) {unknown}; games are {', '.join(GAMES)}")
+        per_game = {g: self.fold_seeds(g, fold) for g in games}
+        out: list[Task] = []
+        for i in range(max((len(s) for s in per_game.values()), default=0)):
+            for g in games:
+                if i < len(per_game[g]):
+                    out.append(self._task_for(g, fold, i, per_game[g][i]))
+                    if limit is not None and len(out) >= limit:
+                        return out
+        return out
+
+    def _task_for(self, game: str, fold: str, index: int, seed: int) -> Task:
+        return Task(
+            env=self.name,
+            task_id=f"{game}-{fold}-{index}",
+            fold=fold,
+            family=game,
+            params={"game": game, "seed": seed, "game_params": self.game_params[game]},
+        )
+
+    # -- episode -----------------------------------------------------------------------------
+    def _load(self, twx: Any, game: str, params: str) -> None:
+        if self._loaded != (game, params):
+            self._loaded = None
+            twx.load(game, params)  # raises ValueError naming a bad parameter
+            self._loaded = (game, params)
+
+    def reset(self, task: Task) -> Observation:
+        game = task.params.get("game", task.family)
+        if game not in GAMES:
+            raise ValueError(f"task {task.task_id}: game {game!r} is not one of {', '.join(GAMES)}")
+        if "seed" not in task.params:
+            raise ValueError(f"task {task.task_id}: params has no 'seed'; list tasks with TextWorldExpressEnv.tasks()")
+        seed = int(task.params["seed"])
+        params = str(task.params.get("game_params", self.game_params[game]))
+        fold = task.fold if task.fold in FOLDS else "train"
+        self._task = None  # until the new episode is fully set up
+        if not self._jvm.started:
+            self._loaded = None
+
+        def start(twx: Any) -> tuple[dict[str, Any], list[str], bool | None]:
+            self._load(twx, game, params)
+            _, info = twx.reset(seed=seed, gameFold=fold, generateGoldPath=self.gold_path)
+            if not self.gold_path:
+                return info, [], None
+            gold = [str(a) for a in twx.getGoldActionSequence()]
+            if not gold or gold[0].startswith("ERROR"):
+                return info, gold, None
+            plan, solves = _replay_gold(twx, gold, info)
+            _, info = twx.reset(seed=seed, gameFold=fold, generateGoldPath=False)
+            return info, plan, solves
+
+        try:
+            info, gold, solves = self._jvm.call(start, f"reset of {task.task_id}")
+        except ValueError as e:
+            raise ValueError(f"task {task.task_id}: TWX rejected gameParams {params!r}: {e}") from None
+        except EnvCrashed:
+            # A JVM that died between episodes: start a fresh one and try once more.
+            self._loaded = None
+            info, gold, solves = self._jvm.call(start, f"reset of {task.task_id} (after a JVM restart)")
+        self._task = task
+        self._goal = str(info.get("taskDescription", "")).strip()
+        self._valid = sorted(str(a) for a in info.get("validActions", []))
+        self._steps, self._score, self._done, self._won = 0, 0.0, False, False
+        self._plan, self._plan_error = None, ""
+        self.expert_solves = solves
+        if not self.gold_path:
+            self._plan_error = "the adapter was built with gold_path=False"
+        elif not gold or str(gold[0]).startswith("ERROR"):
+            self._plan_error = f"TWX could not generate a gold path: {gold[0] if gold else 'empty'}"
+        else:
+            self._plan = [Action.command(str(a)) for a in gold]
+        return Observation(text=str(info["observation"]), goal=self._goal, valid_actions=list(self._valid))
+
+    def _canonical(self, command: str) -> tuple[str, bool]:
+        """(command to send, is it a valid action now); matches valid actions case-insensitively."""
+        lowered = {a.lower(): a for a in self._valid}
+        hit = lowered.get(command.lower())
+        return (hit, True) if hit is not None else (command, False)
+
+    def step(self, action: Action) -> StepResult:
+        if self._task is None:
+            raise RuntimeError("TextWorldExpressEnv.step called before reset (or after a failed reset)")
+        if self._done:
+            return StepResult(
+                observation=Observation(text=AFTER_DONE_TEXT, goal=self._goal, valid_actions=[], error=True),
+                score=self._score,
+                done=True,
+                won=self._won,
+                info={"after_done": True, "tasksuccess": self._won},
+            )
+        if action.kind != "command":
+            text = f"TextWorld-Express takes text commands, not a {action.kind} action."
+            return self._result(text, error=True, score=self._score, info={"tasksuccess": False, "taskfailure": False})
+        command, is_valid = self._canonical(" ".join(action.text.split()))
+        if not command:
+            return self._result("Empty command.", error=True, score=self._score, info={"tasksuccess": False})
+        task_id = self._task.task_id
+        _, _, _, info = self._jvm.call(lambda twx: twx.step(command), f"step {command!r} of {task_id}")
+        self._valid = sorted(str(a) for a in info.get("validActions", []))
+        text = str(info["observation"])
+        error = not is_valid or is_error_response(text)
+        return self._result(text, error=error, score=float(info["score"]), info=info)
+
+    def _result(self, text: str, error: bool, score: float, info: dict[str, Any]) -> StepResult:
+        self._steps += 1
+        before = self._score
+        self._score = score
+        success = bool(info.get("tasksuccess")) or score >= 1.0
+        failure = bool(info.get("taskfailure"))
+        truncated = not (success or failure) and self._steps >= self.max_steps
+        self._done = success or failure or truncated
+        self._won = success
+        out_info = {
+            "tasksuccess": success,
+            "taskfailure": failure,
+            "truncated": truncated,
+            "steps": self._steps,
+            "score_raw": info.get("scoreRaw"),
+        }
+        return StepResult(
+            observation=Observation(text=text, goal=self._goal, valid_actions=list(self._valid), error=error),
+            reward=score - before,
+            score=score,
+            done=self._done,
+            won=success,
+            info=out_info,
+        )
+
+    def valid_actions(self) -> list[str]:
+        return list(self._valid)
+
+    def expert_plan(self) -> list[Action]:
+        if self._task is None:
+            raise RuntimeError("TextWorldExpressEnv.expert_plan called before reset")
+        if self._plan is None:
+            raise RuntimeError(f"task {self._task.task_id}: no expert plan ({self._plan_error})")
+        return list(self._plan)
+
+    def parse_action(self, text: str) -> Action:
+        """One line of text = one command (whitespace collapsed, case kept: TWX names are case-sensitive)."""
+        stripped = text.strip()
+        if not stripped:
+            raise ActionParseError("empty action: reply with one command, e.g. 'look around'")
+        if "\n" in stripped or "\r" in stripped:
+            raise ActionParseError(f"an action is a single line, got {len(stripped.splitlines())} lines: {text!r}")
+        if len(stripped) > MAX_ACTION_CHARS:
+            raise ActionParseError(f"action longer than {MAX_ACTION_CHARS} characters: {stripped[:60]!r}...")
+        return Action.command(" ".join(stripped.split()))
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    @property
+    def jvm(self) -> JvmHandle[Any]:
+        """The JVM handle (starts/crashes counters; tests kill its process to exercise recovery)."""
+        return self._jvm
+
+    def close(self) -> None:
+        self._jvm.close()
+        self._loaded = None
+        self._task = None
+
+    def __enter__(self) -> TextWorldExpressEnv:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass

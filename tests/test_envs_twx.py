@@ -1,0 +1,148 @@
+"""TextWorld-Express adapter on a real JVM (a few seconds): folds, reset/step, errors, expert, crash recovery.
+
+.venv/bin/pytest -q tests/test_envs_twx.py
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("textworld_express")
+
+from simplan.envs.base import Action, ActionParseError, EnvCrashed, Observation, StepResult  # noqa: E402
+from simplan.envs.textworld_express import GAMES, TextWorldExpressEnv, is_error_response  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def env():
+    e = TextWorldExpressEnv()
+    yield e
+    e.close()
+
+
+def test_folds_are_twx_seed_lists_and_disjoint(env):
+    ids, seeds = {}, {}
+    for fold in ("train", "dev", "test"):
+        tasks = env.tasks(fold)
+        assert {t.family for t in tasks} == set(GAMES)
+        assert all(t.fold == fold and t.env == "twx" for t in tasks)
+        ids[fold] = {t.task_id for t in tasks}
+        seeds[fold] = {(t.family, t.params["seed"]) for t in tasks}
+    assert not (ids["train"] & ids["dev"]) and not (ids["train"] & ids["test"]) and not (ids["dev"] & ids["test"])
+    assert not (seeds["train"] & seeds["dev"]) and not (seeds["dev"] & seeds["test"])
+    first = env.tasks("dev", limit=8)
+    assert [t.task_id for t in first] == [f"{g}-dev-0" for g in GAMES]  # interleaved: a small limit covers all games
+    assert first[0].params == {"game": "cookingworld", "seed": 10000, "game_params": env.game_params["cookingworld"]}
+
+
+@pytest.mark.parametrize("game", GAMES)
+def test_expert_wins_one_train_seed_per_game(env, game):
+    task = env.tasks("train", families=[game], limit=1)[0]
+    obs = env.reset(task)
+    assert isinstance(obs, Observation) and obs.goal and obs.valid_actions
+    plan = env.expert_plan()
+    assert env.expert_solves is True
+    result = None
+    for i, action in enumerate(plan):
+        assert action.text in obs.valid_actions, f"expert step {i} {action.text!r} not valid"
+        result = env.step(action)
+        assert isinstance(result, StepResult) and not result.observation.error, result.observation.text
+        obs = result.observation
+        if result.done:
+            break
+    assert result is not None and result.won and result.done and result.score >= 1.0
+    assert result.info["tasksuccess"] is True
+    # a step after the end never reaches TWX and keeps the outcome
+    after = env.step(plan[-1])
+    assert after.done and after.won and after.observation.error and after.info["after_done"]
+
+
+def test_invalid_and_no_effect_actions_are_error_observations(env):
+    task = env.tasks("train", families=["coin"], limit=1)[0]
+    obs = env.reset(task)
+    r = env.step(Action.command("xyzzy frobnicate"))
+    assert r.observation.error and not r.done and "Unknown action" in r.observation.text
+    assert r.observation.valid_actions == obs.valid_actions  # nothing changed
+    r = env.step(Action.tool_call("frobnicate", {}))
+    assert r.observation.error and not r.done
+    assert is_error_response("That is already open. ") and is_error_response(
+        "You can't move there, the door is closed."
+    )
+    assert not is_error_response("You open the wood door, revealing the bedroom.")
+
+
+def test_case_insensitive_match_sends_the_valid_spelling(env):
+    task = env.tasks("train", families=["coin"], limit=1)[0]
+    env.reset(task)
+    r = env.step(Action.command("LOOK   AROUND"))
+    assert not r.observation.error and r.observation.text.startswith("You are in")
+
+
+def test_failure_ends_with_negative_score_and_no_win(env):
+    task = env.tasks("train", families=["simonsays"], limit=1)[0]
+    obs = env.reset(task)
+    wrong = next(a for a in obs.valid_actions if a != env.expert_plan()[0].text)
+    r = env.step(Action.command(wrong))
+    assert r.done and not r.won and r.score == -1.0 and r.info["taskfailure"]
+    assert not r.observation.error  # a wrong move is a failure, not an invalid action
+
+
+def test_max_steps_truncates():
+    env = TextWorldExpressEnv(max_steps=2)
+    try:
+        env.reset(env.tasks("train", families=["coin"], limit=1)[0])
+        assert not env.step(Action.command("look around")).done
+        r = env.step(Action.command("look around"))
+        assert r.done and r.info["truncated"] and not r.won
+    finally:
+        env.close()
+
+
+def test_parse_action_is_strict(env):
+    assert env.parse_action("  take  coin \n").text == "take coin"
+    for bad in ("", "   ", "take coin\nmove east", "x" * 500):
+        with pytest.raises(ActionParseError):
+            env.parse_action(bad)
+
+
+def test_game_params_are_validated_and_carried_by_tasks():
+    with pytest.raises(ValueError, match="unknown game"):
+        TextWorldExpressEnv(game_params={"chess": ""})
+    env = TextWorldExpressEnv(game_params={"coin": "numLocations=99"})
+    try:
+        task = env.tasks("train", families=["coin"], limit=1)[0]
+        with pytest.raises(ValueError, match=r"coin-train-0: TWX rejected gameParams 'numLocations=99'"):
+            env.reset(task)
+    finally:
+        env.close()
+    small = TextWorldExpressEnv(game_params={"coin": "numLocations=2,includeDoors=0"})
+    try:
+        task = small.tasks("train", families=["coin"], limit=1)[0]
+        assert task.params["game_params"] == "numLocations=2,includeDoors=0"
+        small.reset(task)
+        assert len(small.expert_plan()) <= 5
+    finally:
+        small.close()
+
+
+def test_dead_jvm_raises_env_crashed_then_reset_restarts(env):
+    task = env.tasks("train", families=["twc"], limit=1)[0]
+    obs = env.reset(task)
+    starts = env.jvm.starts
+    proc = env.jvm.process()
+    proc.kill()
+    proc.wait()
+    with pytest.raises(EnvCrashed, match="next reset"):
+        env.step(Action.command("look around"))
+    again = env.reset(task)
+    assert env.jvm.starts == starts + 1 and env.jvm.process().poll() is None
+    assert again.text == obs.text
+    assert not env.step(Action.command("look around")).observation.error
+
+
+def test_close_stops_the_jvm():
+    env = TextWorldExpressEnv()
+    env.reset(env.tasks("dev", families=["sorting"], limit=1)[0])
+    proc = env.jvm.process()
+    env.close()
+    assert proc.poll() is not None
