@@ -1,0 +1,210 @@
+"""Cross-episode request batching: many episode threads, one engine, one batched call at a time.
+
+    batching = BatchingEngine(engine, window=0.02)
+    with batching.session():              # in each episode thread, around Planner(...).run(task)
+        ...                                # the planner calls batching.generate / batching.score
+    print(batching.stats)                  # underlying calls vs episode calls
+
+The planning loop issues one engine call per decision; alone, a small model on a CPU or a GPU is
+starved by such small batches. `BatchingEngine` implements the engine protocol
+(inference/engine.py) for episode threads: each call is queued, and one dispatcher thread gathers
+the calls that arrive within `window` seconds of the first, or until every active episode
+(`session()`) is waiting, whichever comes first, issues ONE underlying `generate` (and one `score`)
+over all of their requests, and hands each caller its own results with their own token counts.
+Only the dispatcher thread touches the underlying engine, so backends need not be thread-safe.
+
+If a merged call raises (e.g. NotImplementedError for a constraint one caller asked for), each
+caller's requests are retried alone, so only the caller responsible sees the error and the
+planner's own fallbacks work as they do without batching.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from simplan.inference.engine import (
+    Engine,
+    EngineUsage,
+    GenerationRequest,
+    GenerationResult,
+    ScoreRequest,
+    ScoreResult,
+)
+
+
+@dataclass
+class _Job:
+    kind: str  # generate | score
+    requests: list[Any]
+    arrived: float = field(default_factory=time.monotonic)
+    done: threading.Event = field(default_factory=threading.Event)
+    results: list[Any] | None = None
+    error: BaseException | None = None
+
+
+@dataclass
+class BatchStats:
+    underlying_calls: int = 0  # calls made on the wrapped engine
+    episode_calls: int = 0  # calls the episodes made on this wrapper
+    requests: int = 0
+    max_calls_per_batch: int = 0
+    split_retries: int = 0  # merged calls that failed and were retried caller by caller
+
+    @property
+    def calls_per_batch(self) -> float:
+        return self.episode_calls / self.underlying_calls if self.underlying_calls else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "underlying_calls": self.underlying_calls,
+            "episode_calls": self.episode_calls,
+            "requests": self.requests,
+            "max_calls_per_batch": self.max_calls_per_batch,
+            "calls_per_batch": round(self.calls_per_batch, 3),
+            "split_retries": self.split_retries,
+        }
+
+
+class BatchingEngine:
+    """Engine protocol over a shared engine; merges concurrent callers' requests (module docstring)."""
+
+    def __init__(self, engine: Engine, window: float = 0.02, max_requests: int = 512) -> None:
+        if window < 0:
+            raise ValueError(f"BatchingEngine.window: must be >= 0 seconds, got {window}")
+        if max_requests < 1:
+            raise ValueError(f"BatchingEngine.max_requests: must be >= 1, got {max_requests}")
+        self.inner = engine
+        self.window = window
+        self.max_requests = max_requests
+        self.adapters = list(getattr(engine, "adapters", []) or [])
+        self.tokenizer = getattr(engine, "tokenizer", None)
+        self.usage = EngineUsage()  # what the episodes asked for (the wrapped engine keeps its own)
+        self.stats = BatchStats()
+        self._cond = threading.Condition()
+        self._pending: list[_Job] = []
+        self._active = 0
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="batching-engine", daemon=True)
+        self._thread.start()
+
+    # -- callers ---------------------------------------------------------------------------------
+    @contextmanager
+    def session(self) -> Iterator[None]:
+        """Mark the calling thread as an active episode (the dispatcher waits for active episodes)."""
+        with self._cond:
+            self._active += 1
+            self._cond.notify_all()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._active -= 1
+                self._cond.notify_all()
+
+    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        return self._submit("generate", requests)
+
+    def score(self, requests: list[ScoreRequest]) -> list[ScoreResult]:
+        return self._submit("score", requests)
+
+    def _submit(self, kind: str, requests: list[Any]) -> list[Any]:
+        if not requests:
+            return []
+        job = _Job(kind, list(requests))
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("BatchingEngine: closed; create a new one")
+            self._pending.append(job)
+            self._cond.notify_all()
+        job.done.wait()
+        if job.error is not None:
+            raise job.error
+        results = job.results or []
+        with self._cond:
+            usage = EngineUsage(calls=1, requests=len(results))
+            for r in results:
+                usage.prompt_tokens += r.prompt_tokens
+                usage.completion_tokens += getattr(r, "completion_tokens", 0)
+                usage.seconds += r.seconds
+            self.usage.add(usage)
+        return results
+
+    # -- dispatcher ------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending and not self._closed:
+                    self._cond.wait()
+                if not self._pending:  # closed and drained
+                    return
+                deadline = self._pending[0].arrived + self.window
+                while not self._closed:
+                    waiting = len(self._pending)
+                    queued = sum(len(j.requests) for j in self._pending)
+                    if waiting >= self._active or queued >= self.max_requests:
+                        break
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    self._cond.wait(remaining)
+                jobs, self._pending = self._pending, []
+            self._run(jobs)
+
+    def _run(self, jobs: list[_Job]) -> None:
+        for kind in ("score", "generate"):
+            group = [j for j in jobs if j.kind == kind]
+            if group:
+                self._run_group(kind, group)
+
+    def _call(self, kind: str, requests: list[Any]) -> list[Any]:
+        fn = self.inner.score if kind == "score" else self.inner.generate
+        self.stats.underlying_calls += 1
+        results = fn(requests)
+        if len(results) != len(requests):
+            raise RuntimeError(
+                f"engine {type(self.inner).__name__}.{kind}: {len(results)} results for {len(requests)}"
+            )
+        return results
+
+    def _run_group(self, kind: str, group: list[_Job]) -> None:
+        self.stats.episode_calls += len(group)
+        self.stats.requests += sum(len(j.requests) for j in group)
+        self.stats.max_calls_per_batch = max(self.stats.max_calls_per_batch, len(group))
+        flat = [r for j in group for r in j.requests]
+        try:
+            results = self._call(kind, flat)
+        except BaseException as e:  # noqa: BLE001 - handed to the callers, never swallowed
+            if len(group) == 1:
+                group[0].error = e
+                group[0].done.set()
+                return
+            self.stats.split_retries += 1
+            for j in group:
+                try:
+                    j.results = self._call(kind, j.requests)
+                except BaseException as e2:  # noqa: BLE001
+                    j.error = e2
+                j.done.set()
+            return
+        i = 0
+        for j in group:
+            j.results = results[i : i + len(j.requests)]
+            i += len(j.requests)
+            j.done.set()
+
+    def close(self) -> None:
+        """Stop the dispatcher (pending calls are served first). The wrapped engine stays open."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join(timeout=60)
+
+    def __getattr__(self, attr: str) -> Any:  # backend extras (e.g. model name) pass through
+        if attr == "inner":
+            raise AttributeError(attr)
+        return getattr(self.inner, attr)

@@ -1,0 +1,440 @@
+"""Evaluate agent arms on a suite: every (task, arm, repeat) episode, concurrently, against ONE engine.
+
+    simplan eval --suite twx-dev --arms reactive,plan,simplan --episodes 3 --engine hf \\
+        --adapters decider=runs/train/decider/adapter,simulator=runs/train/simulator/adapter \\
+        --out runs/eval/twx-dev --concurrency 8
+
+    from simplan.inference.evaluate import EvalConfig, evaluate
+    outcome = evaluate(EvalConfig(suite="toy-dev", out="runs/eval/toy"), engine, concurrency=4)
+
+How it runs:
+- Episodes of all arms run at once in `concurrency` threads, task-major (the arms of one task side
+  by side), sharing one `BatchingEngine` (inference/batching.py): their model calls merge into
+  batched engine calls. Each thread slot owns its env instances, created on first use and reused
+  (one JVM per slot for TextWorld-Express / ScienceWorld), wrapped by the suite's fault injection
+  (inference/faults.py) when it has any.
+- Episode ids are "{suite}/{env}/{task_id}/{arm}/{repeat}". Each finished episode is appended in
+  one write to `out/traces.jsonl` (its whole trace, inference/trace.py) and then to
+  `out/results.jsonl` (its `EpisodeSummary`). Re-running the same command resumes: an episode
+  whose trace has an end event is never run again; a torn last line is moved to `FILE.torn`, the
+  events of an episode cut short are moved to `traces.jsonl.partial`, and a result line missing
+  for a finished trace is rebuilt from the trace. The traces are the source of every metric
+  (inference/metrics.py); results.jsonl is a convenience copy.
+- `out/eval_config.json` records what the episodes depend on (suite, planner settings, faults,
+  model and adapters); resuming with different values is refused (use another --out or --fresh).
+  `out/run.json` records each invocation's wall time, concurrency and batching statistics.
+- The fault schedule of an episode is keyed without the arm, so every arm meets the same faults.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from simplan.data.io import append_jsonl, read_jsonl_tolerant, write_json, write_jsonl
+from simplan.envs.base import Env, Task
+from simplan.envs.registry import make_env
+from simplan.inference.batching import BatchingEngine
+from simplan.inference.engine import Engine
+from simplan.inference.faults import FaultConfig, FaultyEnv, wrap_faults
+from simplan.inference.suites import Suite, SuiteEntry, entry_tasks, load_suite
+from simplan.inference.trace import EpisodeTrace, append_trace, read_traces, summarize
+
+ARMS = ("reactive", "plan", "simplan")
+TRACES = "traces.jsonl"
+RESULTS = "results.jsonl"
+
+
+def _help(text: str) -> dict[str, str]:
+    return {"help": text}
+
+
+@dataclass
+class EvalConfig:
+    """What to evaluate and where to write it. The engine comes from EngineConfig (same command line)."""
+
+    suite: str = field(default="toy-dev", metadata=_help("suite name (recipes/suites/NAME.yaml) or a YAML path"))
+    arms: list[str] = field(
+        default_factory=lambda: list(ARMS), metadata=_help("arms to compare: reactive,plan,simplan")
+    )
+    episodes: int = field(default=0, metadata=_help("tasks per family (0: the suite's tasks_per_family)"))
+    repeats: int = field(default=1, metadata=_help("episodes per (task, arm); >1 only differs with sampling"))
+    out: str = field(default="runs/eval/default", metadata=_help("run folder: traces.jsonl, results.jsonl, ..."))
+    max_steps: int = field(default=0, metadata=_help("real steps per episode (0: the suite's max_steps)"))
+    faults: dict | None = field(
+        default=None, metadata=_help("fault rates for every entry, e.g. '{transient: 0.1}' (default: the suite's)")
+    )
+    planner: dict = field(
+        default_factory=dict, metadata=_help("PlannerConfig fields for every arm, e.g. '{horizon: 2, k: 3}'")
+    )
+    arm_overrides: dict = field(
+        default_factory=dict, metadata=_help("per-arm PlannerConfig fields, e.g. '{plan: {horizon: 4}}'")
+    )
+    batch_window_ms: float = field(
+        default=20.0, metadata=_help("batching: wait at most this long for other episodes' requests")
+    )
+    batching: bool = field(default=True, metadata=_help("merge concurrent episodes' engine calls"))
+    limit: int = field(default=0, metadata=_help("run at most this many new episodes (0: all); a smoke test"))
+    fresh: bool = field(default=False, metadata=_help("delete the run folder's previous results first"))
+    progress: bool = field(default=True, metadata=_help("show a progress bar"))
+
+    def __post_init__(self) -> None:
+        bad = [a for a in self.arms if a not in ARMS]
+        if bad or not self.arms:
+            raise ValueError(f"arms: {bad or self.arms!r} not valid; choose from {', '.join(ARMS)}")
+        for name in ("episodes", "max_steps", "limit"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
+        if self.repeats < 1:
+            raise ValueError(f"repeats: must be >= 1, got {self.repeats}")
+        if self.batch_window_ms < 0:
+            raise ValueError(f"batch_window_ms: must be >= 0, got {self.batch_window_ms}")
+        if self.faults is not None:
+            FaultConfig.from_dict(self.faults)
+        unknown_arms = sorted(set(self.arm_overrides) - set(ARMS))
+        if unknown_arms:
+            raise ValueError(f"arm_overrides: unknown arm(s) {unknown_arms}; arms are {', '.join(ARMS)}")
+
+
+@dataclass
+class EpisodeSpec:
+    entry: SuiteEntry
+    task: Task
+    arm: str
+    repeat: int
+    episode_id: str
+    fault_key: str  # the fault schedule's identity: no arm, so all arms meet the same faults
+
+
+@dataclass
+class EvalOutcome:
+    out: Path
+    planned: int
+    skipped: int  # already done before this invocation
+    ran: int
+    errored: int
+    seconds: float
+    batch: dict[str, Any]
+    traces: Path
+    results: Path
+
+
+# ---------------------------------------------------------------------------------------------
+# Planning: which episodes
+# ---------------------------------------------------------------------------------------------
+def resolve_suite(cfg: EvalConfig) -> Suite:
+    """The suite with this command's overrides (tasks per family, step cap, faults) applied."""
+    suite = load_suite(cfg.suite)
+    for e in suite.entries:
+        if cfg.episodes:
+            e.tasks_per_family = cfg.episodes
+        if cfg.max_steps:
+            e.max_steps = cfg.max_steps
+        if cfg.faults is not None:
+            e.faults = FaultConfig.from_dict(cfg.faults)
+    return suite
+
+
+def plan_episodes(suite: Suite, arms: list[str], repeats: int) -> list[EpisodeSpec]:
+    """Task-major order: the arms of one task run side by side (so their calls batch together)."""
+    specs = []
+    for entry in suite.entries:
+        for task in entry_tasks(entry):
+            for r in range(repeats):
+                base = f"{suite.name}/{task.env}/{task.task_id}"
+                for arm in arms:
+                    specs.append(EpisodeSpec(entry, task, arm, r, f"{base}/{arm}/{r}", f"{base}/{r}"))
+    return specs
+
+
+def planner_config(cfg: EvalConfig, arm: str, entry: SuiteEntry) -> Any:
+    from simplan.inference.planner import PlannerConfig
+
+    values = {**cfg.planner, **cfg.arm_overrides.get(arm, {}), "arm": arm, "max_steps": entry.max_steps}
+    try:
+        return PlannerConfig(**values)
+    except TypeError as e:
+        raise ValueError(f"planner / arm_overrides[{arm}]: {e}; keys are PlannerConfig fields") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Resume: repair the logs and find finished episodes
+# ---------------------------------------------------------------------------------------------
+def repair_tail(path: Path) -> str | None:
+    """Move a torn last line (no trailing newline) to `path.torn`; returns a note when it did."""
+    if not path.exists() or path.stat().st_size == 0:
+        return None
+    with open(path, "rb") as f:
+        data = f.read()
+    if data.endswith(b"\n"):
+        return None
+    cut = data.rfind(b"\n") + 1
+    with open(path.with_name(path.name + ".torn"), "ab") as f:
+        f.write(data[cut:] + b"\n")
+    with open(path, "r+b") as f:
+        f.truncate(cut)
+    return f"{path}: torn last line ({len(data) - cut} bytes) moved to {path.name}.torn"
+
+
+def finished_traces(out: Path) -> tuple[dict[str, EpisodeTrace], list[str]]:
+    """Complete traces by episode id (first one wins), after repairing the files; returns (traces, notes)."""
+    traces_path, notes = out / TRACES, []
+    for p in (traces_path, out / RESULTS):
+        note = repair_tail(p)
+        if note:
+            notes.append(note)
+    if not traces_path.exists():
+        return {}, notes
+    records, problems = read_jsonl_tolerant(traces_path)
+    notes.extend(problems)
+    complete = {str(r.get("episode_id")) for r in records if r.get("type") == "end"}
+    partial = [r for r in records if str(r.get("episode_id")) not in complete]
+    if partial:
+        append_jsonl(out / (TRACES + ".partial"), partial)
+        write_jsonl(traces_path, [r for r in records if str(r.get("episode_id")) in complete])
+        notes.append(f"{traces_path}: {len(partial)} event(s) of unfinished episodes moved to {TRACES}.partial")
+    done: dict[str, EpisodeTrace] = {}
+    for t in read_traces(traces_path):
+        done.setdefault(t.episode_id, t)
+    return done, notes
+
+
+def sync_results(out: Path, done: dict[str, EpisodeTrace]) -> int:
+    """Append the summary of every finished trace missing from results.jsonl; returns how many."""
+    have = {str(r.get("episode_id")) for r in read_jsonl_tolerant(out / RESULTS)[0]}
+    missing = [summarize(t).to_dict() for eid, t in done.items() if eid not in have]
+    append_jsonl(out / RESULTS, missing)
+    return len(missing)
+
+
+def _identity(cfg: EvalConfig, suite: Suite, engine_info: dict[str, Any]) -> dict[str, Any]:
+    """What an episode's outcome depends on (arms, episodes, repeats and limit only add episodes)."""
+    s = suite.to_dict()
+    s.pop("path", None)
+    s.pop("description", None)
+    for e in s["entries"]:
+        e.pop("tasks_per_family", None)  # more tasks extend a run; they do not change finished episodes
+    return {
+        "suite": s,
+        "planner": cfg.planner,
+        "arm_overrides": cfg.arm_overrides,
+        "engine": {k: engine_info.get(k) for k in ("engine", "model", "adapters")},
+    }
+
+
+def check_identity(out: Path, identity: dict[str, Any]) -> None:
+    path = out / "eval_config.json"
+    if path.exists():
+        old = json.loads(path.read_text()).get("identity")
+        if old is not None and old != identity:
+            changed = sorted(k for k in identity if old.get(k) != identity.get(k))
+            raise ValueError(
+                f"{out}: holds episodes of a different evaluation (changed: {', '.join(changed)}; see {path}); "
+                "use another --out, or --fresh to delete the old results"
+            )
+
+
+# ---------------------------------------------------------------------------------------------
+# Running
+# ---------------------------------------------------------------------------------------------
+def run_episode(
+    engine: Engine,
+    env: Env,
+    task: Task,
+    config: Any,
+    episode_id: str,
+    count_tokens: Callable[[list[dict[str, str]]], int] | None = None,
+) -> Any:
+    """One episode with the planning loop (the only coupling to inference/planner.py)."""
+    from simplan.inference.planner import Planner
+
+    return Planner(engine, env, config, count_tokens=count_tokens).run(task, episode_id=episode_id)
+
+
+class EnvSlot:
+    """The env instances of one concurrent episode slot, created on first use and reused."""
+
+    def __init__(self) -> None:
+        self.envs: dict[str, Env] = {}
+
+    def env_for(self, entry: SuiteEntry) -> Env:
+        key = f"{entry.env_key()}|{entry.faults.to_dict()}"
+        if key not in self.envs:
+            self.envs[key] = wrap_faults(make_env(entry.env, **entry.env_kwargs), entry.faults)
+        return self.envs[key]
+
+    def close(self) -> None:
+        for env in self.envs.values():
+            try:
+                env.close()
+            except Exception:  # noqa: BLE001 - closing is best effort; the process exits anyway
+                pass
+        self.envs.clear()
+
+
+def locked_token_counter(engine: Any) -> Callable[[list[dict[str, str]]], int] | None:
+    """A prompt-token counter for episode threads: its own tokenizer copy (fast tokenizers are not
+    safe to share with the engine's thread) behind a lock; None when the engine has no tokenizer."""
+    tok = getattr(engine, "tokenizer", None)
+    if tok is None or not hasattr(tok, "apply_chat_template"):
+        return None
+    from simplan.data.format import chat_token_counter
+
+    counter = chat_token_counter(copy.deepcopy(tok))
+    lock = threading.Lock()
+
+    def count(messages: list[dict[str, str]]) -> int:
+        with lock:
+            return counter(messages)
+
+    return count
+
+
+def evaluate(
+    cfg: EvalConfig,
+    engine: Engine,
+    concurrency: int = 4,
+    engine_info: dict[str, Any] | None = None,
+) -> EvalOutcome:
+    """Run every episode of the suite not finished yet (module docstring); returns counts and paths."""
+    if concurrency < 1:
+        raise ValueError(f"concurrency: must be >= 1, got {concurrency}")
+    out = Path(cfg.out)
+    if cfg.fresh and out.exists():
+        for name in (TRACES, RESULTS, "eval_config.json", "run.json", TRACES + ".partial"):
+            (out / name).unlink(missing_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    engine_info = dict(engine_info or {})
+    suite = resolve_suite(cfg)
+    identity = _identity(cfg, suite, engine_info)
+    check_identity(out, identity)
+    specs = plan_episodes(suite, cfg.arms, cfg.repeats)
+    configs = {(s.arm, id(s.entry)): planner_config(cfg, s.arm, s.entry) for s in specs}  # validate up front
+    write_json(
+        out / "eval_config.json",
+        {"identity": identity, "eval": dataclasses.asdict(cfg), "suite": suite.to_dict(), "engine": engine_info},
+    )
+
+    done, notes = finished_traces(out)
+    for n in notes:
+        print(f"eval: {n}", flush=True)
+    recovered = sync_results(out, done)
+    if recovered:
+        print(f"eval: rebuilt {recovered} result line(s) from finished traces", flush=True)
+    todo = [s for s in specs if s.episode_id not in done]
+    skipped = len(specs) - len(todo)
+    if cfg.limit:
+        todo = todo[: cfg.limit]
+
+    started = time.perf_counter()
+    batcher = BatchingEngine(engine, window=cfg.batch_window_ms / 1000.0) if cfg.batching else None
+    shared: Any = batcher if batcher is not None else engine
+    count_tokens = locked_token_counter(engine)
+    slots: queue.Queue[EnvSlot] = queue.Queue()
+    all_slots = [EnvSlot() for _ in range(min(concurrency, max(1, len(todo))))]
+    for s in all_slots:
+        slots.put(s)
+    write_lock = threading.Lock()
+    counts = {"ran": 0, "errored": 0}
+    wins: dict[str, list[int]] = {a: [0, 0] for a in cfg.arms}
+    bar = _progress(cfg, len(specs), skipped)
+
+    def one(spec: EpisodeSpec) -> None:
+        slot = slots.get()
+        try:
+            env = slot.env_for(spec.entry)
+            if isinstance(env, FaultyEnv):
+                env.begin_episode(spec.fault_key)
+            pcfg = configs[(spec.arm, id(spec.entry))]
+            if batcher is not None:
+                with batcher.session():
+                    result = run_episode(shared, env, spec.task, pcfg, spec.episode_id, count_tokens)
+            else:
+                result = run_episode(shared, env, spec.task, pcfg, spec.episode_id, count_tokens)
+        finally:
+            slots.put(slot)
+        with write_lock:
+            append_trace(out / TRACES, result.trace)
+            append_jsonl(out / RESULTS, [result.summary.to_dict()])
+            counts["ran"] += 1
+            counts["errored"] += result.summary.status == "errored"
+            wins[spec.arm][0] += bool(result.summary.success)
+            wins[spec.arm][1] += 1
+            if bar is not None:
+                bar.set_postfix_str(" ".join(f"{a}={w}/{n}" for a, (w, n) in wins.items() if n), refresh=False)
+                bar.update(1)
+
+    pool = ThreadPoolExecutor(max_workers=len(all_slots), thread_name_prefix="episode")
+    futures = [pool.submit(one, s) for s in todo]
+    try:
+        finished, _ = wait(futures, return_when=FIRST_EXCEPTION)
+        failed = [f for f in finished if f.exception() is not None]
+        if failed:
+            raise failed[0].exception()  # type: ignore[misc]
+    finally:
+        # On an error or Ctrl-C, episodes not started are dropped; running ones finish and are written.
+        pool.shutdown(wait=True, cancel_futures=True)
+        if bar is not None:
+            bar.close()
+        if batcher is not None:
+            batcher.close()
+        for s in all_slots:
+            s.close()
+    seconds = time.perf_counter() - started
+    batch = batcher.stats.to_dict() if batcher is not None else {}
+    _record_invocation(out, cfg, concurrency, seconds, counts, batch, engine_info)
+    return EvalOutcome(
+        out=out,
+        planned=len(specs),
+        skipped=skipped,
+        ran=counts["ran"],
+        errored=counts["errored"],
+        seconds=seconds,
+        batch=batch,
+        traces=out / TRACES,
+        results=out / RESULTS,
+    )
+
+
+def _progress(cfg: EvalConfig, total: int, initial: int) -> Any:
+    if not cfg.progress:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, desc=f"eval {Path(cfg.out).name}", unit="ep", dynamic_ncols=True)
+
+
+def _record_invocation(
+    out: Path,
+    cfg: EvalConfig,
+    concurrency: int,
+    seconds: float,
+    counts: dict[str, int],
+    batch: dict[str, Any],
+    engine_info: dict[str, Any],
+) -> None:
+    path = out / "run.json"
+    info = json.loads(path.read_text()) if path.exists() else {"invocations": []}
+    info["invocations"].append(
+        {
+            "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "seconds": round(seconds, 3),
+            "episodes_run": counts["ran"],
+            "errored": counts["errored"],
+            "concurrency": concurrency,
+            "batching": cfg.batching,
+            "batch": batch,
+            "engine": engine_info,
+        }
+    )
+    info["seconds_total"] = round(sum(i["seconds"] for i in info["invocations"]), 3)
+    write_json(path, info)

@@ -1,0 +1,202 @@
+"""Aggregate metrics per arm and per (arm, family), computed only from episode traces.
+
+    from simplan.inference.metrics import load_run, aggregate
+    episodes = load_run("runs/eval/twx-dev")              # EpisodeSummary per finished episode
+    for m in aggregate(episodes):                            # one GroupMetrics per arm
+        print(m.arm, m.success_rate, m.ci_low, m.ci_high)
+    by_game = aggregate(episodes, by_family=True)            # one per (arm, family)
+
+Every number comes from `inference/trace.summarize` over the run's traces.jsonl (never from live
+counters or results.jsonl), so a report's numbers trace back to the episode files. Episodes are
+deduplicated by id (the first finished trace wins). Definitions:
+
+    success_rate        successes / episodes, with a Wilson 95% interval [ci_low, ci_high]
+    mean_score          mean final score (TWX: failed arithmetic/sorting/... end at -1)
+    mean_steps          mean real actions per episode
+    invalid_per_episode mean real actions the env flagged as failed or invalid (faults included)
+    redundant_per_episode  mean real (action, observation) pairs already seen in the episode
+    pivots/replans_per_episode, pivots_by_rule, replans_by_reason (totals)
+    recovery_rate       episodes with >= 1 injected fault that still succeeded / episodes with faults
+    calls/tokens_per_episode  model calls, prompt + completion tokens (scoring counts as prompt)
+    tokens_per_success  all tokens / successes (None without a success)
+    wall_per_episode    mean episode wall seconds; planning_share = sum planning s / sum wall s
+    sim_accuracy        sum exact predictions / sum predictions, over real steps that had one
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from simplan.inference.trace import EpisodeSummary, EpisodeTrace, read_traces, summarize
+
+Z95 = 1.959963984540054
+
+
+def wilson_interval(successes: int, n: int, z: float = Z95) -> tuple[float, float]:
+    """Wilson score interval of a binomial proportion; (0, 1) when n == 0."""
+    if n <= 0:
+        return 0.0, 1.0
+    if not 0 <= successes <= n:
+        raise ValueError(f"wilson_interval: successes {successes} not in [0, {n}]")
+    p = successes / n
+    z2 = z * z
+    denom = 1.0 + z2 / n
+    center = (p + z2 / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / denom
+    return max(0.0, center - half), min(1.0, center + half)
+
+
+@dataclass
+class EpisodeRecord:
+    """An episode's summary plus what the summary does not keep (replan reasons)."""
+
+    summary: EpisodeSummary
+    replans_by_reason: dict[str, int] = field(default_factory=dict)
+
+
+def episode_record(trace: EpisodeTrace) -> EpisodeRecord:
+    reasons: Counter = Counter()
+    for e in trace.of_type("replan"):
+        for r in str(e.reason).split(","):
+            if r:
+                reasons[r] += 1
+    return EpisodeRecord(summarize(trace), dict(sorted(reasons.items())))
+
+
+def records_from_traces(traces: Iterable[EpisodeTrace]) -> list[EpisodeRecord]:
+    """Finished episodes (with an end event), deduplicated by id: the first one wins."""
+    seen: dict[str, EpisodeRecord] = {}
+    for t in traces:
+        if t.end is None or t.episode_id in seen:
+            continue
+        seen[t.episode_id] = episode_record(t)
+    return list(seen.values())
+
+
+def trace_files(run: str | Path) -> list[Path]:
+    """A run folder's traces.jsonl, or the file itself when a trace file is given."""
+    p = Path(run)
+    if p.is_file():
+        return [p]
+    f = p / "traces.jsonl"
+    if not f.exists():
+        raise FileNotFoundError(f"{p}: no traces.jsonl; give an eval run folder (simplan eval --out) or a trace file")
+    return [f]
+
+
+def load_run(run: str | Path) -> list[EpisodeRecord]:
+    traces = [t for f in trace_files(run) for t in read_traces(f)]
+    return records_from_traces(traces)
+
+
+@dataclass
+class GroupMetrics:
+    arm: str
+    family: str = ""  # "" = every family
+    episodes: int = 0
+    successes: int = 0
+    success_rate: float = 0.0
+    ci_low: float = 0.0
+    ci_high: float = 1.0
+    errored: int = 0
+    mean_score: float = 0.0
+    mean_steps: float = 0.0
+    invalid_actions: int = 0
+    invalid_per_episode: float = 0.0
+    redundant_per_episode: float = 0.0
+    pivots_per_episode: float = 0.0
+    replans_per_episode: float = 0.0
+    pivots_by_rule: dict[str, int] = field(default_factory=dict)
+    replans_by_reason: dict[str, int] = field(default_factory=dict)
+    parse_failures_per_episode: float = 0.0
+    faulted_episodes: int = 0
+    faults: int = 0
+    recovered: int = 0
+    recovery_rate: float | None = None
+    recovery_ci: tuple[float, float] | None = None
+    calls_per_episode: float = 0.0
+    prompt_tokens_per_episode: float = 0.0
+    completion_tokens_per_episode: float = 0.0
+    tokens_per_episode: float = 0.0
+    tokens_per_success: float | None = None
+    wall_per_episode: float = 0.0
+    planning_share: float = 0.0
+    sim_predictions: int = 0
+    sim_exact: int = 0
+    sim_accuracy: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def group_metrics(arm: str, family: str, records: list[EpisodeRecord]) -> GroupMetrics:
+    """Metrics of one group of episodes (see the module docstring for definitions)."""
+    ss = [r.summary for r in records]
+    n = len(ss)
+    m = GroupMetrics(arm=arm, family=family, episodes=n)
+    if not n:
+        return m
+    m.successes = sum(bool(s.success) for s in ss)
+    m.success_rate = m.successes / n
+    m.ci_low, m.ci_high = wilson_interval(m.successes, n)
+    m.errored = sum(s.status == "errored" for s in ss)
+    m.mean_score = _mean([s.score for s in ss])
+    m.mean_steps = _mean([s.steps for s in ss])
+    m.invalid_actions = sum(s.invalid_actions for s in ss)
+    m.invalid_per_episode = m.invalid_actions / n
+    m.redundant_per_episode = _mean([s.redundant_actions for s in ss])
+    m.pivots_per_episode = _mean([s.pivots for s in ss])
+    m.replans_per_episode = _mean([s.replans for s in ss])
+    rules: Counter = Counter()
+    reasons: Counter = Counter()
+    for r in records:
+        rules.update(r.summary.pivots_by_rule)
+        reasons.update(r.replans_by_reason)
+    m.pivots_by_rule = dict(sorted(rules.items()))
+    m.replans_by_reason = dict(sorted(reasons.items()))
+    m.parse_failures_per_episode = _mean([s.parse_failures for s in ss])
+    faulted = [s for s in ss if s.faults > 0]
+    m.faulted_episodes = len(faulted)
+    m.faults = sum(s.faults for s in ss)
+    if faulted:
+        m.recovered = sum(bool(s.success) for s in faulted)
+        m.recovery_rate = m.recovered / len(faulted)
+        m.recovery_ci = wilson_interval(m.recovered, len(faulted))
+    m.calls_per_episode = _mean([s.model_calls for s in ss])
+    m.prompt_tokens_per_episode = _mean([s.prompt_tokens for s in ss])
+    m.completion_tokens_per_episode = _mean([s.completion_tokens for s in ss])
+    m.tokens_per_episode = _mean([s.total_tokens for s in ss])
+    m.tokens_per_success = sum(s.total_tokens for s in ss) / m.successes if m.successes else None
+    m.wall_per_episode = _mean([s.wall_seconds for s in ss])
+    wall = sum(s.wall_seconds for s in ss)
+    m.planning_share = sum(s.planning_seconds for s in ss) / wall if wall > 0 else 0.0
+    m.sim_predictions = sum(s.sim_predictions for s in ss)
+    m.sim_exact = sum(s.sim_exact for s in ss)
+    m.sim_accuracy = m.sim_exact / m.sim_predictions if m.sim_predictions else None
+    return m
+
+
+ARM_ORDER = ("reactive", "plan", "simplan")
+
+
+def _arm_key(arm: str) -> tuple[int, str]:
+    return (ARM_ORDER.index(arm) if arm in ARM_ORDER else len(ARM_ORDER), arm)
+
+
+def aggregate(records: list[EpisodeRecord], by_family: bool = False) -> list[GroupMetrics]:
+    """One GroupMetrics per arm (arms in reactive, plan, simplan order), or per (arm, family)."""
+    groups: dict[tuple[str, str], list[EpisodeRecord]] = {}
+    for r in records:
+        key = (r.summary.arm, r.summary.family if by_family else "")
+        groups.setdefault(key, []).append(r)
+    keys = sorted(groups, key=lambda k: (_arm_key(k[0]), k[1]))
+    return [group_metrics(arm, fam, groups[(arm, fam)]) for arm, fam in keys]

@@ -1,0 +1,452 @@
+"""Markdown + self-contained HTML reports of evaluation runs, side by side, every number from the traces.
+
+    simplan report runs/eval/twx-dev runs/eval/twx-dev-faults --out runs/report
+    from simplan.inference.report import write_report
+    paths = write_report(["runs/eval/twx-dev"], "runs/report")    # {"md": ..., "html": ..., "plots": [...]}
+
+Reads each run's traces.jsonl (inference/metrics.py computes every metric from them), names the
+files with their size and SHA-256 so each number can be traced back, and writes:
+- report.md with tables (arms side by side across runs, success by game, pivot and replan reasons)
+  and plots/*.png next to it;
+- report.html, the same content with the plots embedded as base64 PNG (one file to share).
+Plots (matplotlib, Agg backend): success by arm and game (Wilson 95% intervals), tokens per
+episode versus success, and pivot reasons by rule.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import html
+import io
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from simplan.data.io import atomic_open, write_text
+from simplan.inference.metrics import EpisodeRecord, GroupMetrics, aggregate, load_run, trace_files
+
+
+@dataclass
+class RunData:
+    name: str
+    path: Path
+    files: list[dict[str, Any]]  # path, bytes, lines, sha256
+    records: list[EpisodeRecord]
+    arms: list[GroupMetrics]
+    families: list[GroupMetrics]
+    info: dict[str, Any] = field(default_factory=dict)  # eval_config.json / run.json when present
+
+
+def _file_info(path: Path) -> dict[str, Any]:
+    h = hashlib.sha256()
+    lines = 0
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+            lines += chunk.count(b"\n")
+    return {"path": str(path), "bytes": path.stat().st_size, "lines": lines, "sha256": h.hexdigest()}
+
+
+def load_run_data(run: str | Path, name: str | None = None) -> RunData:
+    path = Path(run)
+    files = trace_files(path)
+    records = load_run(path)
+    info: dict[str, Any] = {}
+    folder = path if path.is_dir() else path.parent
+    for fname in ("eval_config.json", "run.json"):
+        if (folder / fname).exists():
+            try:
+                info[fname] = json.loads((folder / fname).read_text())
+            except json.JSONDecodeError:
+                pass
+    return RunData(
+        name=name or (path.name if path.is_dir() else path.stem),
+        path=path,
+        files=[_file_info(f) for f in files],
+        records=records,
+        arms=aggregate(records),
+        families=aggregate(records, by_family=True),
+        info=info,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Number formatting and tables (one table model, rendered as Markdown and as HTML)
+# ---------------------------------------------------------------------------------------------
+def pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def num(x: float | None, digits: int = 2) -> str:
+    if x is None:
+        return "-"
+    if abs(x) >= 1000:
+        return f"{x:,.0f}"
+    return f"{x:.{digits}f}"
+
+
+@dataclass
+class Table:
+    title: str
+    header: list[str]
+    rows: list[list[str]]
+    note: str = ""
+
+    def markdown(self) -> str:
+        out = [f"### {self.title}", ""]
+        if self.note:
+            out += [self.note, ""]
+        out.append("| " + " | ".join(self.header) + " |")
+        out.append("|" + "|".join("---" for _ in self.header) + "|")
+        out += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in self.rows]
+        return "\n".join(out) + "\n"
+
+    def html(self) -> str:
+        head = "".join(f"<th>{html.escape(h)}</th>" for h in self.header)
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in self.rows)
+        note = f"<p class='note'>{html.escape(self.note)}</p>" if self.note else ""
+        table = f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+        return f"<h3>{html.escape(self.title)}</h3>{note}{table}"
+
+
+ARM_HEADER = [
+    "run",
+    "arm",
+    "episodes",
+    "success [95% CI]",
+    "score",
+    "steps",
+    "invalid/ep",
+    "redundant/ep",
+    "pivots/ep",
+    "replans/ep",
+    "recovery (faulted eps)",
+    "calls/ep",
+    "tokens/ep",
+    "tokens/success",
+    "wall s/ep",
+    "planning share",
+    "sim accuracy",
+]
+
+
+def arm_row(run: str, m: GroupMetrics) -> list[str]:
+    recovery = "-" if m.recovery_rate is None else f"{pct(m.recovery_rate)} ({m.recovered}/{m.faulted_episodes})"
+    sim = "-" if m.sim_accuracy is None else f"{pct(m.sim_accuracy)} ({m.sim_exact}/{m.sim_predictions})"
+    errored = f", {m.errored} errored" if m.errored else ""
+    return [
+        run,
+        m.arm,
+        f"{m.episodes}{errored}",
+        f"{pct(m.success_rate)} [{pct(m.ci_low)}, {pct(m.ci_high)}] ({m.successes}/{m.episodes})",
+        num(m.mean_score),
+        num(m.mean_steps, 1),
+        num(m.invalid_per_episode),
+        num(m.redundant_per_episode),
+        num(m.pivots_per_episode),
+        num(m.replans_per_episode),
+        recovery,
+        num(m.calls_per_episode, 1),
+        num(m.tokens_per_episode, 0),
+        num(m.tokens_per_success, 0),
+        num(m.wall_per_episode),
+        pct(m.planning_share),
+        sim,
+    ]
+
+
+def arms_table(runs: list[RunData]) -> Table:
+    rows = [arm_row(r.name, m) for r in runs for m in r.arms]
+    return Table(
+        "Arms side by side",
+        ARM_HEADER,
+        rows,
+        "Per episode means; invalid = real actions the env flagged as failed (injected faults included); "
+        "tokens = prompt + completion (scored candidates count as prompt tokens); planning share = "
+        "planning seconds / wall seconds; sim accuracy = exact predictions / predicted real steps.",
+    )
+
+
+def family_tables(run: RunData) -> list[Table]:
+    arms = [m.arm for m in run.arms]
+    fams = sorted({m.family for m in run.families})
+    cell = {(m.arm, m.family): m for m in run.families}
+    success_rows, detail_rows = [], []
+    for fam in fams:
+        row = [fam]
+        for arm in arms:
+            m = cell.get((arm, fam))
+            row.append("-" if m is None else f"{pct(m.success_rate)} ({m.successes}/{m.episodes})")
+            if m is not None:
+                detail_rows.append(
+                    [
+                        fam,
+                        arm,
+                        str(m.episodes),
+                        pct(m.success_rate),
+                        num(m.mean_score),
+                        num(m.mean_steps, 1),
+                        num(m.invalid_per_episode),
+                        num(m.pivots_per_episode),
+                        num(m.tokens_per_episode, 0),
+                        num(m.wall_per_episode),
+                    ]
+                )
+        success_rows.append(row)
+    total = ["all"] + [f"{pct(m.success_rate)} ({m.successes}/{m.episodes})" for m in run.arms]
+    success_rows.append(total)
+    return [
+        Table(f"{run.name}: success by game", ["game"] + arms, success_rows),
+        Table(
+            f"{run.name}: per game and arm",
+            [
+                "game",
+                "arm",
+                "episodes",
+                "success",
+                "score",
+                "steps",
+                "invalid/ep",
+                "pivots/ep",
+                "tokens/ep",
+                "wall s/ep",
+            ],
+            detail_rows,
+        ),
+    ]
+
+
+def reasons_table(runs: list[RunData]) -> Table:
+    rows = []
+    for r in runs:
+        for m in r.arms:
+            for rule, n in m.pivots_by_rule.items():
+                rows.append([r.name, m.arm, "pivot fired", rule, str(n)])
+            for reason, n in m.replans_by_reason.items():
+                rows.append([r.name, m.arm, "replan", reason, str(n)])
+    return Table("Pivot and replan reasons", ["run", "arm", "event", "rule", "count"], rows or [["-"] * 5])
+
+
+def files_table(runs: list[RunData]) -> Table:
+    rows = []
+    for r in runs:
+        suite = r.info.get("eval_config.json", {}).get("suite", {}).get("name", "")
+        for f in r.files:
+            rows.append(
+                [r.name, suite, f["path"], str(f["lines"]), f"{f['bytes']:,}", f["sha256"][:16], str(len(r.records))]
+            )
+    return Table(
+        "Trace files (every number below is computed from these)",
+        ["run", "suite", "trace file", "lines", "bytes", "sha256[:16]", "finished episodes"],
+        rows,
+    )
+
+
+def invocations_table(runs: list[RunData]) -> Table | None:
+    rows = []
+    for r in runs:
+        for inv in r.info.get("run.json", {}).get("invocations", []):
+            b = inv.get("batch") or {}
+            eng = inv.get("engine") or {}
+            rows.append(
+                [
+                    r.name,
+                    inv.get("finished", ""),
+                    str(inv.get("episodes_run", "")),
+                    num(inv.get("seconds")),
+                    str(inv.get("concurrency", "")),
+                    f"{eng.get('engine', '')} {eng.get('model', '')}".strip() or "-",
+                    f"{b.get('episode_calls', '-')} -> {b.get('underlying_calls', '-')}" if b else "off",
+                ]
+            )
+    if not rows:
+        return None
+    return Table(
+        "Eval invocations (from run.json, not from traces)",
+        ["run", "finished", "episodes", "seconds", "concurrency", "engine", "batching: episode calls -> engine calls"],
+        rows,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Plots
+# ---------------------------------------------------------------------------------------------
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _png(fig: Any) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    _plt().close(fig)
+    return buf.getvalue()
+
+
+def _series(runs: list[RunData]) -> list[tuple[str, RunData, GroupMetrics]]:
+    many = len(runs) > 1
+    return [(f"{r.name}/{m.arm}" if many else m.arm, r, m) for r in runs for m in r.arms]
+
+
+def plot_success(runs: list[RunData]) -> bytes:
+    plt = _plt()
+    series = _series(runs)
+    fams = sorted({m.family for r in runs for m in r.families}) + ["all"]
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(fams) * max(1, len(series)) / 2), 3.8))
+    width = 0.8 / max(1, len(series))
+    for i, (label, run, arm) in enumerate(series):
+        cell = {m.family: m for m in run.families if m.arm == arm.arm}
+        cell["all"] = arm
+        xs, ys, lo, hi = [], [], [], []
+        for j, fam in enumerate(fams):
+            m = cell.get(fam)
+            if m is None or not m.episodes:
+                continue
+            xs.append(j + (i - (len(series) - 1) / 2) * width)
+            ys.append(m.success_rate)
+            lo.append(m.success_rate - m.ci_low)
+            hi.append(m.ci_high - m.success_rate)
+        ax.bar(xs, ys, width, yerr=[lo, hi], capsize=2, label=label)
+    ax.set_xticks(range(len(fams)))
+    ax.set_xticklabels(fams, rotation=30, ha="right")
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel("success rate (95% CI)")
+    ax.set_title("Success by arm and game")
+    ax.legend(fontsize=8)
+    return _png(fig)
+
+
+def plot_tokens(runs: list[RunData]) -> bytes:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    for label, _, m in _series(runs):
+        ax.errorbar(
+            [m.tokens_per_episode],
+            [m.success_rate],
+            yerr=[[m.success_rate - m.ci_low], [m.ci_high - m.success_rate]],
+            fmt="o",
+            capsize=3,
+            label=label,
+        )
+    ax.set_xlabel("model tokens per episode (prompt + completion)")
+    ax.set_ylabel("success rate (95% CI)")
+    ax.set_ylim(0, 1.05)
+    ax.set_title("Tokens vs success")
+    ax.legend(fontsize=8)
+    return _png(fig)
+
+
+def plot_pivots(runs: list[RunData]) -> bytes:
+    plt = _plt()
+    series = _series(runs)
+    rules = sorted({rule for _, _, m in series for rule in m.pivots_by_rule})
+    fig, ax = plt.subplots(figsize=(6.0, 0.5 * len(series) + 1.8))
+    left = [0.0] * len(series)
+    for rule in rules:
+        vals = [float(m.pivots_by_rule.get(rule, 0)) for _, _, m in series]
+        ax.barh(range(len(series)), vals, left=left, label=rule)
+        left = [a + b for a, b in zip(left, vals)]
+    ax.set_yticks(range(len(series)))
+    ax.set_yticklabels([label for label, _, _ in series])
+    ax.set_xlabel("pivots fired (all episodes)")
+    ax.set_title("Pivot reasons" + ("" if rules else " (no pivot fired)"))
+    if rules:
+        ax.legend(fontsize=8)
+    return _png(fig)
+
+
+PLOTS = (
+    ("success_by_arm_and_game", "Success by arm and game", plot_success),
+    ("tokens_vs_success", "Tokens per episode vs success", plot_tokens),
+    ("pivot_reasons", "Pivot reasons", plot_pivots),
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# The report
+# ---------------------------------------------------------------------------------------------
+CSS = (
+    "body{font-family:system-ui,sans-serif;margin:2em;max-width:1400px}"
+    "table{border-collapse:collapse;margin:0.5em 0 1.5em;font-size:13px}"
+    "td,th{border:1px solid #ccc;padding:3px 7px;text-align:right}td:first-child,th:first-child{text-align:left}"
+    "th{background:#f3f3f3}.note{color:#555;font-size:13px}img{max-width:100%}"
+)
+
+
+def _unique_names(runs: list[str | Path]) -> list[str]:
+    names, seen = [], {}
+    for r in runs:
+        p = Path(r)
+        base = p.name if p.is_dir() else p.stem
+        seen[base] = seen.get(base, 0) + 1
+        names.append(base if seen[base] == 1 else f"{base}#{seen[base]}")
+    return names
+
+
+def write_report(run_dirs: list[str | Path], out_dir: str | Path, title: str = "simplan evaluation report") -> dict:
+    """Write report.md (+ plots/*.png) and a self-contained report.html; returns their paths."""
+    if not run_dirs:
+        raise ValueError("write_report: give at least one run folder (simplan eval --out) or trace file")
+    out = Path(out_dir)
+    runs = [load_run_data(r, n) for r, n in zip(run_dirs, _unique_names(run_dirs))]
+    empty = [str(r.path) for r in runs if not r.records]
+    if len(empty) == len(runs):
+        raise ValueError(f"write_report: no finished episode in {', '.join(empty)}; run `simplan eval` first")
+    tables = [files_table(runs), arms_table(runs)]
+    for r in runs:
+        tables += family_tables(r)
+    tables.append(reasons_table(runs))
+    inv = invocations_table(runs)
+    if inv is not None:
+        tables.append(inv)
+
+    plots: list[tuple[str, str, bytes]] = [(name, caption, fn(runs)) for name, caption, fn in PLOTS]
+    plot_paths = []
+    for name, _, png in plots:
+        p = out / "plots" / f"{name}.png"
+        with atomic_open(p, "wb") as f:
+            f.write(png)
+        plot_paths.append(p)
+
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    intro = (
+        f"Generated {stamp} by `simplan report` from {len(runs)} run(s). Every metric is computed from the "
+        "trace files listed below (inference/metrics.py over inference/trace.summarize); episodes are "
+        "deduplicated by episode id. Success intervals are Wilson 95%."
+    )
+    md = [f"# {title}", "", intro, ""]
+    md.append(tables[0].markdown())
+    md.append(tables[1].markdown())
+    md += ["## Plots", ""]
+    md += [f"![{caption}](plots/{name}.png)\n" for name, caption, _ in plots]
+    md += ["## Details", ""]
+    md += [t.markdown() for t in tables[2:]]
+    md_path = out / "report.md"
+    write_text(md_path, "\n".join(md))
+
+    imgs = "".join(
+        f"<figure><img alt='{html.escape(caption)}' src='data:image/png;base64,{base64.b64encode(png).decode()}'>"
+        f"<figcaption>{html.escape(caption)}</figcaption></figure>"
+        for _, caption, png in plots
+    )
+    body = (
+        f"<h1>{html.escape(title)}</h1><p>{html.escape(intro)}</p>"
+        + tables[0].html()
+        + tables[1].html()
+        + f"<h2>Plots</h2>{imgs}<h2>Details</h2>"
+        + "".join(t.html() for t in tables[2:])
+    )
+    html_path = out / "report.html"
+    write_text(
+        html_path,
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<style>{CSS}</style></head><body>{body}</body></html>\n",
+    )
+    return {"md": md_path, "html": html_path, "plots": plot_paths, "runs": [str(r.path) for r in runs]}

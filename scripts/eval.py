@@ -1,0 +1,57 @@
+"""`simplan eval`: run agent arms on a suite of tasks, concurrently against one engine; resumable.
+
+    simplan eval --suite twx-dev --arms reactive,plan,simplan --episodes 3 --engine hf \\
+        --model smollm2-135m-instruct \\
+        --adapters decider=runs/train/decider/adapter,simulator=runs/train/simulator/adapter \\
+        --out runs/eval/twx-dev --concurrency 8
+    simplan eval --suite twx-dev-faults --faults '{transient: 0.2}' --planner '{horizon: 2}' ...
+
+`--episodes N` is tasks per game/family (0: the suite's); `--concurrency C` is how many episodes run
+at once (their model calls are merged into batched engine calls; with --engine openai it is also
+the requests in flight). Re-running the same command resumes; an episode is never counted twice.
+Suites: recipes/suites/*.yaml. How it works: `simplan.inference.evaluate`. Then: `simplan report
+OUT`. Exit status: 0 when every planned episode finished (errored ones are recorded, and counted as
+failures), 2 on a bad configuration.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from simplan.inference.engines import EngineConfig, engine_from_config
+from simplan.inference.evaluate import EvalConfig, evaluate
+from simplan.inference.report import arms_table, load_run_data
+from simplan.scripts.config import parse_config
+
+
+def main(argv: list[str] | None = None) -> int:
+    eval_cfg, engine_cfg = parse_config(
+        [EvalConfig, EngineConfig], argv, description=__doc__.split("\n")[0], prog="simplan eval"
+    )
+    engine_info = {"engine": engine_cfg.engine, "model": engine_cfg.model, "adapters": engine_cfg.adapters}
+    print(f"eval: loading engine {engine_cfg.engine} {engine_cfg.model} {engine_cfg.adapters}", flush=True)
+    engine = engine_from_config(engine_cfg)
+    try:
+        outcome = evaluate(eval_cfg, engine, concurrency=engine_cfg.concurrency, engine_info=engine_info)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"simplan eval: {e}", file=sys.stderr)
+        return 2
+    finally:
+        engine.close()
+    print(
+        f"eval: {outcome.ran} episode(s) run in {outcome.seconds:.1f}s ({outcome.skipped} already done, "
+        f"{outcome.errored} errored) of {outcome.planned}; batching {outcome.batch or 'off'}"
+    )
+    run = load_run_data(outcome.out)
+    if run.records:
+        print(arms_table([run]).markdown())
+    print(
+        f"traces: {outcome.traces}\nresults: {outcome.results}\nnext: simplan report {outcome.out} --out "
+        f"{os.path.join(outcome.out, 'report')}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,34 @@
+"""`simplan report RUN... --out DIR`: Markdown + self-contained HTML report comparing eval runs.
+
+    simplan report runs/eval/twx-dev --out runs/report
+    simplan report runs/eval/before runs/eval/after --out runs/report/compare --title "before vs after"
+
+RUN is an eval run folder (`simplan eval --out`) or a traces.jsonl file. Every number is computed
+from the runs' trace files (named with their SHA-256 in the report). See `simplan.inference.report`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from simplan.inference.report import write_report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="simplan report", description=__doc__.split("\n")[0])
+    parser.add_argument("runs", nargs="+", help="eval run folders or traces.jsonl files")
+    parser.add_argument("--out", required=True, help="folder for report.md, report.html and plots/")
+    parser.add_argument("--title", default="simplan evaluation report", help="report title")
+    args = parser.parse_args(argv)
+    try:
+        paths = write_report(args.runs, args.out, title=args.title)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"simplan report: {e}", file=sys.stderr)
+        return 2
+    print(f"report: {paths['md']}\nreport: {paths['html']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,147 @@
+"""Metrics from hand-made traces match hand-computed values; Wilson intervals match known values."""
+
+from __future__ import annotations
+
+import pytest
+
+from simplan.inference.metrics import aggregate, load_run, records_from_traces, wilson_interval
+from simplan.inference.trace import (
+    ActEvent,
+    EndEvent,
+    EpisodeTrace,
+    PivotEvent,
+    ReplanEvent,
+    append_trace,
+)
+
+
+def make_trace(
+    eid: str,
+    arm: str,
+    family: str,
+    acts: list[dict],
+    success: bool,
+    pivots: list[str] = (),
+    replans: list[str] = (),
+    tokens: tuple[int, int] = (100, 10),
+    calls: int = 2,
+    wall: float = 2.0,
+    planning: float = 0.5,
+) -> EpisodeTrace:
+    t = EpisodeTrace.start(eid, "toy", {"task_id": eid.split("/")[1], "family": family, "fold": "dev"}, arm)
+    for i, a in enumerate(acts, start=1):
+        t.add(ActEvent(**{"action": "look", "observation": f"o{i}", **a}), step=i)
+    for rule in pivots:
+        t.add(PivotEvent(rule=rule, severity="error", fired=True))
+    t.add(PivotEvent(rule="no_progress", severity="warning", fired=False))  # counted, never fired
+    for reason in replans:
+        t.add(ReplanEvent(reason=reason))
+    t.add(
+        EndEvent(
+            status="success" if success else "failed",
+            success=success,
+            score=1.0 if success else 0.0,
+            steps=len(acts),
+            model_calls=calls,
+            prompt_tokens=tokens[0],
+            completion_tokens=tokens[1],
+            wall_seconds=wall,
+            planning_seconds=planning,
+        )
+    )
+    return t
+
+
+def traces() -> list[EpisodeTrace]:
+    return [
+        # reactive: 1 success of 2; 3 invalid actions, 1 redundant (look -> o1 twice), one faulted episode (failed)
+        make_trace(
+            "toy/a/reactive/0",
+            "reactive",
+            "x",
+            [{"error": True}, {"error": True, "fault": "transient"}, {"observation": "o1"}],
+            False,
+            tokens=(300, 30),
+            calls=3,
+            wall=3.0,
+            planning=0.0,
+        ),
+        make_trace("toy/b/reactive/0", "reactive", "y", [{"error": True}, {}], True, tokens=(100, 10), calls=1),
+        # simplan: 2 of 2, pivots, predictions (2 exact of 3), one faulted success
+        make_trace(
+            "toy/a/simplan/0",
+            "simplan",
+            "x",
+            [
+                {"expectation": "O1", "match": 1.0},
+                {"expectation": "wrong", "match": 0.0, "fault": "perturb"},
+                {"expectation": " o3 ", "match": 1.0},
+            ],
+            True,
+            pivots=["expectation_mismatch", "error_observation"],
+            replans=["expectation_mismatch,error_observation"],
+            tokens=(400, 40),
+            calls=4,
+            wall=4.0,
+            planning=2.0,
+        ),
+        make_trace("toy/b/simplan/0", "simplan", "y", [{}], True, pivots=["error_observation"], replans=["x"]),
+    ]
+
+
+def test_wilson_interval_known_values() -> None:
+    lo, hi = wilson_interval(8, 10)
+    assert lo == pytest.approx(0.4902, abs=1e-4) and hi == pytest.approx(0.9433, abs=1e-4)
+    assert wilson_interval(0, 10)[0] == 0.0 and wilson_interval(0, 10)[1] == pytest.approx(0.2775, abs=1e-4)
+    assert wilson_interval(10, 10) == pytest.approx((0.7225, 1.0), abs=1e-4)
+    assert wilson_interval(1, 2) == pytest.approx((0.0945, 0.9055), abs=1e-4)
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+
+
+def test_per_arm_metrics_match_hand_computed() -> None:
+    reactive, simplan = aggregate(records_from_traces(traces()))
+    assert (reactive.arm, simplan.arm) == ("reactive", "simplan")
+    assert (reactive.episodes, reactive.successes, reactive.success_rate) == (2, 1, 0.5)
+    assert (reactive.ci_low, reactive.ci_high) == pytest.approx((0.0945, 0.9055), abs=1e-4)
+    assert reactive.mean_steps == 2.5
+    assert reactive.invalid_actions == 3 and reactive.invalid_per_episode == 1.5
+    assert reactive.redundant_per_episode == 0.5  # ("look", "o1") seen twice in episode a
+    assert (reactive.faulted_episodes, reactive.recovered, reactive.recovery_rate) == (1, 0, 0.0)
+    assert reactive.calls_per_episode == 2.0
+    assert reactive.tokens_per_episode == (330 + 110) / 2
+    assert reactive.tokens_per_success == 440.0
+    assert reactive.wall_per_episode == 2.5
+    assert reactive.planning_share == pytest.approx(0.5 / 5.0)
+    assert reactive.sim_accuracy is None and reactive.pivots_per_episode == 0.0
+
+    assert (simplan.successes, simplan.success_rate) == (2, 1.0)
+    assert simplan.pivots_per_episode == 1.5  # warnings are not pivots
+    assert simplan.pivots_by_rule == {"error_observation": 2, "expectation_mismatch": 1}
+    assert simplan.replans_per_episode == 1.0
+    assert simplan.replans_by_reason == {"error_observation": 1, "expectation_mismatch": 1, "x": 1}
+    assert (simplan.sim_exact, simplan.sim_predictions) == (2, 3)  # "O1" and " o3 " match after normalizing
+    assert simplan.sim_accuracy == pytest.approx(2 / 3)
+    assert (simplan.faulted_episodes, simplan.recovered, simplan.recovery_rate) == (1, 1, 1.0)
+    assert simplan.planning_share == pytest.approx(2.5 / 6.0)
+    assert simplan.mean_score == 1.0
+
+
+def test_per_family_and_dedupe(tmp_path) -> None:
+    path = tmp_path / "traces.jsonl"
+    ts = traces()
+    for t in ts + [ts[0]]:  # the same episode written twice counts once
+        append_trace(path, t)
+    with open(path, "a") as f:
+        f.write('{"type": "start", "episode_id": "torn')  # a torn last line is tolerated
+    records = load_run(tmp_path)
+    assert len(records) == 4
+    fams = {(m.arm, m.family): m for m in aggregate(records, by_family=True)}
+    assert set(fams) == {("reactive", "x"), ("reactive", "y"), ("simplan", "x"), ("simplan", "y")}
+    assert fams[("reactive", "x")].success_rate == 0.0 and fams[("reactive", "y")].success_rate == 1.0
+    assert fams[("simplan", "x")].sim_accuracy == pytest.approx(2 / 3)
+
+
+def test_unfinished_traces_are_not_counted() -> None:
+    t = EpisodeTrace.start("toy/c/plan/0", "toy", {"task_id": "c"}, "plan")
+    t.add(ActEvent(action="look", observation="o", won=True), step=1)
+    assert records_from_traces([t]) == []
