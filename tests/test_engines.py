@@ -1,0 +1,312 @@
+"""Engine backends on a tiny random model with two tiny random LoRA adapters.
+
+    .venv/bin/pytest -q tests/test_engines.py                    # hf backend (seconds) + vLLM (~1 min)
+    .venv/bin/pytest -q tests/test_engines.py -m "not vllm"      # hf only
+
+The transformers+peft backend is the reference; vLLM in-process must give identical greedy tokens
+for the base model and both adapters in one mixed batch (this catches the CPU multi-LoRA bug), and
+`simplan serve` + the openai backend must give the same greedy outputs again.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+
+import pytest
+
+from simplan.inference.engine import Engine, GenerationRequest, ScoreRequest
+from simplan.inference.engines import make_engine
+
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+ADAPTER_NAMES = ("decider", "simulator")
+PROMPTS = [
+    [{"role": "user", "content": "Goal: find the key.\n\nCurrent observation:\nYou are in a hall.\n\nNext action?"}],
+    [{"role": "user", "content": "What comes after open door?"}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Observation after go north?"}],
+]
+CHOICES = ["go north", "open door", "take key", "look"]
+
+
+def make_adapter(base: str, out: str, seed: int) -> str:
+    """A rank-8 LoRA on all attention/MLP projections with random non-zero B, so it changes the output."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    cfg = LoraConfig(
+        r=8,
+        lora_alpha=16,
+        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        lora_dropout=0.0,
+        task_type="CAUSAL_LM",
+    )
+    peft_model = get_peft_model(model, cfg)
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 0.3)  # peft initialises B to zero (adapter == base); make it matter
+    peft_model.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> tuple[str, dict[str, str]]:
+    from simplan.training.tiny import tiny_model
+
+    base = str(tiny_model("llama"))
+    root = tmp_path_factory.mktemp("adapters")
+    adapters = {name: make_adapter(base, str(root / name), seed=i + 1) for i, name in enumerate(ADAPTER_NAMES)}
+    return base, adapters
+
+
+@pytest.fixture(scope="module")
+def hf(tiny):
+    base, adapters = tiny
+    engine = make_engine("hf", base, adapters, dtype="float32", threads=1, batch_size=8)
+    yield engine
+    engine.close()
+
+
+def greedy_batch(max_tokens: int = 12) -> list[GenerationRequest]:
+    """Base + both adapters on every prompt, interleaved in one mixed batch."""
+    return [
+        GenerationRequest(adapter=a, messages=m, max_tokens=max_tokens)
+        for m in PROMPTS
+        for a in (None, *ADAPTER_NAMES)
+    ]
+
+
+def texts(results) -> list[str]:
+    return [r.completions[0].text for r in results]
+
+
+# --------------------------------------------------------------------------------------------- hf
+def test_hf_is_an_engine(hf):
+    assert isinstance(hf, Engine)
+    assert hf.adapters == list(ADAPTER_NAMES)
+
+
+def test_hf_greedy_is_deterministic_and_adapters_differ(hf):
+    reqs = greedy_batch()
+    first, second = hf.generate(reqs), hf.generate(reqs)
+    assert texts(first) == texts(second)
+    for i in range(len(PROMPTS)):
+        base, dec, sim = texts(first)[3 * i : 3 * i + 3]
+        assert len({base, dec, sim}) == 3, f"prompt {i}: adapters should change the output: {base!r} {dec!r} {sim!r}"
+    for r in first:
+        assert r.prompt_tokens > 10 and r.completion_tokens == r.completions[0].num_tokens <= 12
+        assert r.completions[0].finish_reason in ("stop", "length")
+
+
+def test_hf_batched_equals_single(hf):
+    reqs = greedy_batch()
+    batched = texts(hf.generate(reqs))
+    single = [texts(hf.generate([r]))[0] for r in reqs[:4]]
+    assert batched[:4] == single
+
+
+def test_hf_sampling_n_and_seed(hf):
+    req = GenerationRequest(adapter="decider", messages=PROMPTS[0], n=4, temperature=1.0, max_tokens=8, seed=7)
+    (a,) = hf.generate([req])
+    (b,) = hf.generate([req])
+    assert len(a.completions) == 4
+    assert texts([a]) == texts([b]) and [c.text for c in a.completions] == [c.text for c in b.completions]
+    assert len({c.text for c in a.completions}) > 1, "sampling at T=1 from a random model should vary"
+    assert a.completion_tokens == sum(c.num_tokens for c in a.completions)
+
+
+def test_hf_choices_follow_scores(hf):
+    for adapter in (None, *ADAPTER_NAMES):
+        (scored,) = hf.score([ScoreRequest(candidates=CHOICES, adapter=adapter, messages=PROMPTS[0])])
+        (gen,) = hf.generate([GenerationRequest(adapter=adapter, messages=PROMPTS[0], choices=CHOICES, logprobs=True)])
+        best = max(range(len(CHOICES)), key=lambda k: scored.logprobs[k])
+        assert gen.completions[0].text == CHOICES[best]
+        assert gen.completions[0].logprob == pytest.approx(scored.logprobs[best], abs=1e-5)
+    (sampled,) = hf.generate([GenerationRequest(messages=PROMPTS[1], choices=CHOICES, n=16, temperature=2.0, seed=0)])
+    assert all(c.text in CHOICES for c in sampled.completions)
+
+
+def test_hf_score_ordering_and_accounting(hf):
+    reqs = [ScoreRequest(candidates=CHOICES, adapter=a, messages=PROMPTS[0]) for a in (None, *ADAPTER_NAMES)]
+    before = hf.usage.calls
+    res = hf.score(reqs)
+    assert hf.usage.calls == before + 1
+    assert all(len(r.logprobs) == len(CHOICES) and all(lp < 0 for lp in r.logprobs) for r in res)
+    assert res[0].logprobs != res[1].logprobs != res[2].logprobs
+    single = hf.score(reqs[1:2])[0]
+    assert single.logprobs == pytest.approx(res[1].logprobs, abs=1e-4)  # batching/padding does not change scores
+    assert all(n >= 2 for n in res[0].num_tokens)  # candidate tokens + EOS
+
+
+def test_hf_stop_strings(hf):
+    (free,) = hf.generate([GenerationRequest(adapter="decider", messages=PROMPTS[0], max_tokens=16)])
+    text = free.completions[0].text
+    if len(text.strip()) < 4:
+        pytest.skip("completion too short to pick a stop string")
+    stop = text.strip()[2:4]
+    (cut,) = hf.generate([GenerationRequest(adapter="decider", messages=PROMPTS[0], max_tokens=16, stop=[stop])])
+    assert stop not in cut.completions[0].text
+    assert text.startswith(cut.completions[0].text)
+    assert cut.completions[0].finish_reason == "stop"
+
+
+def test_hf_rejects_regex_and_unknown_adapter(hf):
+    with pytest.raises(NotImplementedError, match="regex"):
+        hf.generate([GenerationRequest(messages=PROMPTS[0], regex="go (north|south)")])
+    with pytest.raises(KeyError, match="planner"):
+        hf.generate([GenerationRequest(adapter="planner", messages=PROMPTS[0])])
+
+
+def test_make_engine_rejects_unknown_options(tiny):
+    base, adapters = tiny
+    with pytest.raises(TypeError, match="kv_cache_gib"):
+        make_engine("hf", base, adapters, kv_cache_gib=1)
+    with pytest.raises(ValueError, match="kind"):
+        make_engine("tgi", base, adapters)
+
+
+# --------------------------------------------------------------------------------------------- vllm
+@pytest.fixture(scope="module")
+def vllm_engine(tiny):
+    if not HAS_VLLM:
+        pytest.skip("vllm is not installed")
+    base, adapters = tiny
+    # 1 GiB KV cache and 1-2 threads: the test machine has 2 cores and is shared.
+    engine = make_engine(
+        "vllm", base, adapters, dtype="float32", kv_cache_gib=1, threads=2, enforce_eager=True, max_model_len=1024
+    )
+    yield engine
+    engine.close()
+
+
+@pytest.mark.vllm
+def test_vllm_greedy_identical_to_hf_mixed_batch(vllm_engine, hf):
+    reqs = greedy_batch(max_tokens=16)
+    want = hf.generate(reqs)
+    got = vllm_engine.generate(reqs)
+    assert texts(got) == texts(want)
+    assert [r.completions[0].num_tokens for r in got] == [r.completions[0].num_tokens for r in want]
+    assert [r.prompt_tokens for r in got] == [r.prompt_tokens for r in want]
+
+
+@pytest.mark.vllm
+def test_vllm_scores_and_logprobs_close_to_hf(vllm_engine, hf):
+    reqs = [
+        ScoreRequest(candidates=CHOICES, adapter=a, messages=m) for m in PROMPTS[:2] for a in (None, *ADAPTER_NAMES)
+    ]
+    want, got = hf.score(reqs), vllm_engine.score(reqs)
+    for w, g in zip(want, got):
+        assert g.logprobs == pytest.approx(w.logprobs, abs=1e-3)
+        assert g.num_tokens == w.num_tokens and g.prompt_tokens == w.prompt_tokens
+    gen = [GenerationRequest(adapter=a, messages=PROMPTS[0], max_tokens=8, logprobs=True) for a in (None, "decider")]
+    for w, g in zip(hf.generate(gen), vllm_engine.generate(gen)):
+        assert g.completions[0].logprob == pytest.approx(w.completions[0].logprob, abs=1e-3)
+
+
+@pytest.mark.vllm
+def test_vllm_constraints_and_sampling(vllm_engine):
+    (choice,) = vllm_engine.generate([GenerationRequest(adapter="decider", messages=PROMPTS[0], choices=CHOICES)])
+    assert choice.completions[0].text in CHOICES
+    (rx,) = vllm_engine.generate(
+        [GenerationRequest(adapter="simulator", messages=PROMPTS[1], regex=r"(go|take) (north|key)", max_tokens=8)]
+    )
+    assert rx.completions[0].text in ("go north", "go key", "take north", "take key")
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    (js,) = vllm_engine.generate([GenerationRequest(messages=PROMPTS[1], json_schema=schema, max_tokens=24)])
+    import json
+
+    if js.completions[0].finish_reason == "stop":
+        assert isinstance(json.loads(js.completions[0].text)["n"], int)
+    (s,) = vllm_engine.generate([GenerationRequest(messages=PROMPTS[0], n=4, temperature=1.0, max_tokens=8, seed=3)])
+    assert len(s.completions) == 4 and len({c.text for c in s.completions}) > 1
+    assert vllm_engine.usage.calls >= 4 and vllm_engine.usage.completion_tokens > 0
+
+
+# --------------------------------------------------------------------------------------------- serve
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_serve_openai_backend_matches_hf(tiny, hf, tmp_path):
+    if not HAS_VLLM:
+        pytest.skip("vllm is not installed")
+    from simplan.inference.serve import ServeConfig, start_server
+
+    base, adapters = tiny
+    cfg = ServeConfig(
+        model=base,
+        adapters=",".join(f"{k}={v}" for k, v in adapters.items()),
+        port=_free_port(),
+        api_key="test-key",
+        dtype="float32",
+        kv_cache_gib=1,
+        threads=2,
+        enforce_eager=True,
+        max_model_len=1024,
+        startup_timeout=300,
+    )
+    with start_server(cfg, log_file=tmp_path / "server.log") as server:
+        engine = make_engine("openai", base, list(adapters), base_url=server.base_url, api_key="test-key")
+        reqs = greedy_batch(max_tokens=16)
+        assert texts(engine.generate(reqs)) == texts(hf.generate(reqs))
+        sreq = [ScoreRequest(candidates=CHOICES, adapter=a, messages=PROMPTS[0]) for a in (None, *ADAPTER_NAMES)]
+        for w, g in zip(hf.score(sreq), engine.score(sreq)):
+            assert g.logprobs == pytest.approx(w.logprobs, abs=1e-3)
+        (c,) = engine.generate([GenerationRequest(adapter="decider", messages=PROMPTS[0], choices=CHOICES)])
+        assert c.completions[0].text in CHOICES
+        engine.close()
+        proc = server.process
+    assert proc.poll() is not None, "server still running after the context manager exited"
+    assert not _pid_alive(proc.pid)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_scores_are_finite_logprobs(hf):
+    (r,) = hf.score([ScoreRequest(candidates=["a"], prompt="Hello")])
+    assert math.isfinite(r.logprobs[0]) and r.logprobs[0] < 0 and r.prompt_tokens >= 1
+
+
+def test_engine_config_and_adapter_specs(tmp_path):
+    from simplan.inference.engines.config import EngineConfig, parse_adapters, vllm_cpu_env, vllm_lora_rank
+
+    assert parse_adapters("decider=a, simulator=b") == {"decider": "a", "simulator": "b"}
+    assert parse_adapters(["decider"]) == {"decider": ""}
+    with pytest.raises(ValueError, match="given twice"):
+        parse_adapters("d=a,d=b")
+    with pytest.raises(ValueError, match="engine"):
+        EngineConfig(engine="tgi")
+    (tmp_path / "adapter_config.json").write_text('{"r": 12}')
+    assert vllm_lora_rank({"decider": str(tmp_path)}) == 16  # rounded up to a rank vLLM accepts
+    env = vllm_cpu_env(kv_cache_gib=1, reserved_cpus=0, threads=2)
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "1" and env["OMP_NUM_THREADS"] == "2"
+
+
+def test_serve_command_has_lora_workaround(tiny):
+    from simplan.inference.serve import ServeConfig, server_command
+
+    base, adapters = tiny
+    cfg = ServeConfig(model="tiny", adapters=",".join(f"{k}={v}" for k, v in adapters.items()), port=8123)
+    cmd = server_command(cfg, base)
+    assert cmd[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert cmd[cmd.index("--max-loras") + 1] == "3"  # adapters + 1 (PLATFORM.md multi-LoRA bug)
+    assert cmd[cmd.index("--served-model-name") + 1] == "tiny" and "--enable-lora" in cmd
+    assert f"decider={adapters['decider']}" in cmd and cmd[cmd.index("--host") + 1] == "127.0.0.1"
+    with pytest.raises(ValueError, match="adapter folder"):
+        ServeConfig(adapters="decider=/nonexistent")
