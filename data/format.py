@@ -11,6 +11,10 @@ for any instruct model. Completions are the rendered action (decider) or the nex
     messages = simulator_messages(state, action)       # -> ask for the next observation
     state = fit_to_budget(state, decider_messages, count_tokens, budget=1024)
 
+    states = trajectory_states(traj)                   # the state before each step of a recorded episode
+    fits = fit_batch_to_budget(states, decider_messages, chat_batch_token_counter(tok), 1024,
+                               count_texts=text_token_counter(tok))   # many states, few tokenizer calls
+
 History is token-budgeted: `fit_to_budget` keeps the goal, the failure memory and the current
 observation, and drops the oldest history steps first.
 """
@@ -21,9 +25,12 @@ import ast
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from simplan.envs.base import Action, ActionParseError
+
+if TYPE_CHECKING:
+    from simplan.data.trajectory import Trajectory
 
 Messages = list[dict[str, str]]
 
@@ -161,8 +168,62 @@ def failure_note(action: Action, observation: str, max_chars: int = 160) -> str:
     return f"{render_action(action)} -> {obs}"
 
 
+DEFAULT_MAX_FAILURES = 5  # failure-memory lines a prompt shows (most recent distinct ones)
+
+
+def trajectory_states(
+    traj: Trajectory, max_history: int | None = None, max_failures: int | None = DEFAULT_MAX_FAILURES
+) -> list[PromptState]:
+    """The PromptState before each step of a recorded trajectory: `states[i]` is what step i's actor saw.
+
+    History is every earlier real transition (noise and failed ones included, marked `[failed]`),
+    the most recent `max_history` of them when given; the failure memory holds `failure_note`s of
+    the earlier failed steps, distinct, the most recent `max_failures`. History items are built once
+    per trajectory and shared between states, so this is linear in the trajectory length.
+    """
+    items = [history_item(s.action, s.next_observation, s.error) for s in traj.steps]
+    states, failures = [], {}  # note -> None, in the order of each note's latest occurrence
+    for i, step in enumerate(traj.steps):
+        start = 0 if max_history is None else max(0, i - max_history)
+        notes = list(failures)
+        if max_failures is not None:
+            notes = notes[-max_failures:] if max_failures > 0 else []
+        states.append(
+            PromptState(
+                goal=traj.goal,
+                observation=step.observation,
+                history=items[start:i],
+                valid_actions=step.valid_actions,
+                tools=traj.tools,
+                failures=notes,
+            )
+        )
+        if step.error:
+            note = failure_note(step.action, step.next_observation)
+            failures.pop(note, None)
+            failures[note] = None
+    return states
+
+
+def state_at_step(
+    traj: Trajectory, index: int, max_history: int | None = None, max_failures: int | None = DEFAULT_MAX_FAILURES
+) -> PromptState:
+    """The PromptState right before step `index` of `traj` (see `trajectory_states`)."""
+    if not 0 <= index < len(traj.steps):
+        raise IndexError(f"step {index}: trajectory {traj.id} has {len(traj.steps)} steps")
+    head = replace(traj, steps=traj.steps[: index + 1])
+    return trajectory_states(head, max_history=max_history, max_failures=max_failures)[index]
+
+
 def _render_tools(tools: list[dict[str, Any]]) -> str:
     return "\n".join(json.dumps(t, ensure_ascii=False, separators=(",", ":")) for t in tools)
+
+
+def history_item_text(item: HistoryItem) -> str:
+    """One history step as the prompt shows it (action, failure mark, observation)."""
+    return HISTORY_ITEM.format(
+        action=item.action + (ERROR_MARK if item.error else ""), observation=item.observation.strip()
+    )
 
 
 def _state_sections(state: PromptState) -> list[str]:
@@ -170,11 +231,7 @@ def _state_sections(state: PromptState) -> list[str]:
     if state.failures:
         sections.append(SECTION_FAILURES.format(items="\n".join(f"- {f}" for f in state.failures)))
     if state.history:
-        items = [
-            HISTORY_ITEM.format(action=h.action + (ERROR_MARK if h.error else ""), observation=h.observation.strip())
-            for h in state.history
-        ]
-        sections.append(SECTION_HISTORY.format(items="\n".join(items)))
+        sections.append(SECTION_HISTORY.format(items="\n".join(history_item_text(h) for h in state.history)))
     sections.append(SECTION_OBSERVATION.format(observation=state.observation.strip()))
     if state.tools:
         sections.append(SECTION_TOOLS.format(tools=_render_tools(state.tools)))
@@ -239,6 +296,207 @@ def chat_token_counter(tokenizer: Any, add_generation_prompt: bool = True) -> Ca
         return len(ids)
 
     return count
+
+
+def chat_batch_token_counter(
+    tokenizer: Any, add_generation_prompt: bool = True
+) -> Callable[[list[Messages]], list[int]]:
+    """count_batch(list of messages) -> token counts, equal to `chat_token_counter` one by one.
+
+    Renders every conversation with the chat template, then tokenizes all texts in one call of the
+    fast tokenizer (the template already holds the special tokens, so none are added).
+    """
+
+    def count(batch: list[Messages]) -> list[int]:
+        if not batch:
+            return []
+        texts = tokenizer.apply_chat_template(list(batch), add_generation_prompt=add_generation_prompt, tokenize=False)
+        return text_token_counter(tokenizer)(texts)
+
+    return count
+
+
+def text_token_counter(tokenizer: Any) -> Callable[[list[str]], list[int]]:
+    """count_texts(list of plain strings) -> token counts, in one fast-tokenizer call, no special tokens added."""
+
+    def count(texts: list[str]) -> list[int]:
+        if not texts:
+            return []
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if backend is not None and _plain_backend(backend):
+            # Only lengths are needed: skip converting every id list to Python (a third of the time).
+            return [len(e) for e in backend.encode_batch(list(texts), add_special_tokens=False)]
+        enc = tokenizer(list(texts), add_special_tokens=False, return_attention_mask=False)
+        return [len(ids) for ids in enc["input_ids"]]
+
+    return count
+
+
+def _plain_backend(backend: Any) -> bool:
+    """True when the Rust tokenizer has no truncation, padding or special-token splitting left set on it."""
+    return (
+        backend.truncation is None and backend.padding is None and not getattr(backend, "encode_special_tokens", False)
+    )
+
+
+@dataclass
+class Fit:
+    """One `fit_batch_to_budget` result: the fitted state, history steps dropped, its exact prompt tokens."""
+
+    state: PromptState
+    dropped: int
+    tokens: int
+    messages: Messages  # the fitted state rendered (what `tokens` counts)
+
+
+def _with_last(state: PromptState, k: int) -> PromptState:
+    return state if k == len(state.history) else replace(state, history=state.history[-k:] if k else [])
+
+
+def fit_batch_to_budget(
+    states: Sequence[PromptState],
+    render: Callable[[PromptState], Messages],
+    count_batch: Callable[[list[Messages]], list[int]],
+    budget: int,
+    count_texts: Callable[[list[str]], list[int]] | None = None,
+    slack: int = 2,
+    guided_rounds: int = 3,
+    calibration: int = 64,
+) -> list[Fit]:
+    """`fit_to_budget` for many states at once, with a few batched tokenizer calls instead of one per probe.
+
+    Every kept history is verified exactly: a returned `tokens` is the real count of the rendered
+    prompt, and it is within `budget` unless even the history-free prompt is not (then the state
+    comes back without history and the caller decides, as with `fit_to_budget`).
+
+    Without `count_texts` each round probes every unresolved state once (full history first, then
+    bisection). With `count_texts` the probes are guided, so most states are settled by one probe:
+    the first guess estimates tokens from characters (at rates measured on `calibration` sampled
+    prompts and history items); later guesses start from the exact count of the previous probe and
+    add or remove history items, the ones next to the boundary tokenized exactly. A state is
+    settled when one more step is known not to fit, or is estimated to exceed the budget by more than
+    `slack` tokens (separately tokenized items differ from the joined text only at item boundaries).
+    After `guided_rounds` rounds the search falls back to plain bisection.
+    """
+    n = len(states)
+    sizes = [len(s.history) for s in states]
+    lo, lo_tokens = [-1] * n, [0] * n  # most steps known to fit (-1: none known yet)
+    hi, hi_tokens = [h + 1 for h in sizes], [0] * n  # fewest steps known not to fit
+    lo_messages: list[Messages] = [[]] * n
+    hi_messages: list[Messages] = [[]] * n
+    guess = list(sizes)
+    guided = count_texts is not None and any(sizes)
+    if guided:
+        est = _ItemEstimates(states, render, count_batch, count_texts, sizes, calibration)
+        guess = [est.first_guess(i, budget) for i in range(n)]
+    pending = list(range(n))
+    rounds = 0
+    while pending:
+        probes = [render(_with_last(states[i], guess[i])) for i in pending]
+        counts = count_batch(probes)
+        rounds += 1
+        for i, c, msgs in zip(pending, counts, probes):
+            if c <= budget:
+                lo[i], lo_tokens[i], lo_messages[i] = guess[i], c, msgs
+            else:
+                hi[i], hi_tokens[i], hi_messages[i] = guess[i], c, msgs
+        pending = [i for i in pending if hi[i] != lo[i] + 1]
+        use_estimates = guided and rounds <= guided_rounds
+        if use_estimates:  # exact counts for the items on either side of each probe
+            est.tokenize([h for i in pending for h in _next_to(states[i].history, guess[i])])
+        still = []
+        for i, c in zip(pending, [lo_tokens[i] if lo[i] == guess[i] else hi_tokens[i] for i in pending]):
+            nxt = est.next_probe(i, guess[i], c, lo[i], hi[i], budget, slack) if use_estimates else -1
+            if nxt is None:
+                continue  # one more step would overflow by more than the estimate can be off
+            if not lo[i] < nxt < hi[i]:
+                nxt = (lo[i] + hi[i]) // 2
+            guess[i] = nxt
+            still.append(i)
+        pending = still
+    out = []
+    for i, state in enumerate(states):
+        k = max(lo[i], 0)
+        tokens, messages = (lo_tokens[i], lo_messages[i]) if lo[i] >= 0 else (hi_tokens[i], hi_messages[i])
+        out.append(Fit(state=_with_last(state, k), dropped=sizes[i] - k, tokens=tokens, messages=messages))
+    return out
+
+
+def _next_to(history: list[HistoryItem], k: int) -> list[HistoryItem]:
+    """The oldest kept item and the newest dropped one, when keeping the last k items."""
+    return [history[-j] for j in (k, k + 1) if 0 < j <= len(history)]
+
+
+class _ItemEstimates:
+    """Token estimates for history items (exact once tokenized) and the guesses built on them."""
+
+    def __init__(
+        self,
+        states: Sequence[PromptState],
+        render: Callable[[PromptState], Messages],
+        count_batch: Callable[[list[Messages]], list[int]],
+        count_texts: Callable[[list[str]], list[int]],
+        sizes: list[int],
+        calibration: int,
+    ) -> None:
+        self.states, self.render, self.count_texts = states, render, count_texts
+        self.exact: dict[int, int] = {}  # id(item) -> tokens; items are shared between a trajectory's states
+        sep, header = count_texts(["\n", SECTION_HISTORY.format(items="") + "\n\n"])
+        self.sep, self.header = sep, header
+        with_history = [i for i, size in enumerate(sizes) if size]
+        step = max(1, len(with_history) // calibration)
+        sample = with_history[::step][:calibration]
+        bases = [render(_with_last(states[i], 0)) for i in sample]
+        base_chars = sum(len(m["content"]) for msgs in bases for m in msgs)
+        self.base_rate = sum(count_batch(bases)) / max(1, base_chars)
+        items = [states[i].history[-1] for i in sample]
+        self.tokenize(items)
+        item_chars = sum(len(history_item_text(h)) for h in items)
+        self.item_rate = sum(self.exact[id(h)] for h in items) / max(1, item_chars)
+
+    def tokenize(self, items: list[HistoryItem]) -> None:
+        todo = {id(h): h for h in items if id(h) not in self.exact}
+        counts = self.count_texts([history_item_text(h) for h in todo.values()])
+        self.exact.update(zip(todo, counts))
+
+    def item(self, h: HistoryItem) -> int:
+        tokens = self.exact.get(id(h))
+        return tokens if tokens is not None else round(len(history_item_text(h)) * self.item_rate)
+
+    def joined(self, k: int) -> int:
+        """Tokens that join the k-th newest item to the prompt: the section header for the first one."""
+        return self.header if k == 1 else self.sep
+
+    def first_guess(self, i: int, budget: int) -> int:
+        state = self.states[i]
+        if not state.history:
+            return 0
+        base = sum(len(m["content"]) for m in self.render(_with_last(state, 0)))
+        total, k = round(base * self.base_rate), 0
+        for h in reversed(state.history):
+            total += self.item(h) + self.joined(k + 1)
+            if total > budget:
+                break
+            k += 1
+        return k
+
+    def next_probe(self, i: int, k: int, tokens: int, lo: int, hi: int, budget: int, slack: int) -> int | None:
+        """The next number of items to probe, from the exact count `tokens` with k items; None when settled."""
+        history, total = self.states[i].history, tokens
+        if tokens <= budget:  # add items while the estimate fits
+            best = k
+            while best + 1 < hi:
+                total += self.item(history[-(best + 1)]) + self.joined(best + 1)
+                if total > budget:
+                    break
+                best += 1
+            if best > k:
+                return best
+            return None if total > budget + slack or k + 1 >= hi else k + 1
+        while k > lo + 1 and total > budget:  # remove items until the estimate fits
+            total -= self.item(history[-k]) + self.joined(k)
+            k -= 1
+        return k
 
 
 def prompt_text(tokenizer: Any, messages: Messages) -> str:

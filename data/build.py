@@ -1,0 +1,557 @@
+"""Build the decider or the simulator dataset from trajectory JSONL files.
+
+    simplan build --role decider --inputs runs/data/twx-train.jsonl,runs/data/twx-dev.jsonl \\
+        --out runs/datasets/twx-decider --model smollm2-135m-instruct
+
+    from simplan.data.build import BuildConfig, build
+    result = build(BuildConfig(role="simulator", inputs=["runs/data"], out="runs/datasets/sim"))
+
+Decider examples map the state before a step to the action taken there, for steps whose source is
+worth imitating (expert, recovery) and that did not fail; noise steps are never targets but stay in
+later states' history and failure memory, so the decider learns to recover. Simulator examples map
+state + action to the real next observation for every step (noise and random ones included, so
+error observations are learned). All prompt text comes from `data/format.py`.
+
+Prompts are token-budgeted with the model's chat template: history is dropped oldest-first; an
+example still over budget without history, or whose completion is over its budget, is dropped
+(never cut) and counted. Identical (prompt, completion) pairs are deduplicated within a fold.
+
+Written to `out/`: dataset/ (a `datasets.DatasetDict` by fold, `save_to_disk`), {fold}.jsonl
+(OpenAI `messages` format), stats.json, stats.md and config.json.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from simplan.data import format as fmt
+from simplan.data.io import iter_jsonl, write_json, write_jsonl, write_text
+from simplan.data.trajectory import STEP_SOURCES, Trajectory, validate_record
+from simplan.envs.base import FOLDS
+
+ROLES = ("decider", "simulator")
+DECIDER_SOURCES = ("expert", "recovery")
+DEFAULT_MAX_COMPLETION = {"decider": 128, "simulator": 384}
+MAX_REPORTED_PROBLEMS = 50
+
+
+@dataclass
+class BuildConfig:
+    role: str = field(default="decider", metadata={"help": "which dataset to build: decider or simulator"})
+    inputs: list[str] = field(
+        default_factory=list,
+        metadata={"help": "trajectory JSONL files, folders (every *.jsonl inside) or glob patterns, comma-separated"},
+    )
+    out: str = field(default="", metadata={"help": "output folder (dataset/, {fold}.jsonl, stats.json, stats.md)"})
+    model: str = field(
+        default="smollm2-135m-instruct",
+        metadata={"help": "tokenizer source: registry name, local HF folder or hub id (its chat template counts)"},
+    )
+    max_prompt_tokens: int = field(
+        default=1024, metadata={"help": "prompt budget in tokens, chat template included; history is dropped to fit"}
+    )
+    max_completion_tokens: int | None = field(
+        default=None,
+        metadata={
+            "help": "completion budget in tokens (EOS included); longer examples are dropped, never cut. "
+            "Default: 128 for the decider (one action), 384 for the simulator (observations run long)"
+        },
+    )
+    max_history: int | None = field(
+        default=None, metadata={"help": "at most this many recent steps in a prompt (none: as many as fit the budget)"}
+    )
+    max_failures: int = field(
+        default=fmt.DEFAULT_MAX_FAILURES, metadata={"help": "failure-memory lines per prompt (most recent distinct)"}
+    )
+    sources: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": f"step sources that become examples, from {','.join(STEP_SOURCES)}. "
+            f"Default: {','.join(DECIDER_SOURCES)} for the decider (actions worth imitating), all for the simulator"
+        },
+    )
+    skip_failed_targets: bool = field(
+        default=True, metadata={"help": "decider: do not imitate actions that failed (error observation)"}
+    )
+    include_errored: bool = field(
+        default=False, metadata={"help": "use trajectories whose status is 'errored' (env crash mid-episode)"}
+    )
+    dedupe: bool = field(
+        default=True, metadata={"help": "drop repeated identical (prompt, completion) pairs per fold"}
+    )
+    batch_size: int = field(default=4096, metadata={"help": "prompts per tokenizer call"})
+    progress: bool = field(default=True, metadata={"help": "show progress bars"})
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ValueError(f"role: {self.role!r} is not one of {ROLES}")
+        if isinstance(self.inputs, str):
+            self.inputs = [p for p in self.inputs.split(",") if p]
+        if not self.inputs:
+            raise ValueError("inputs: give at least one trajectory JSONL file (--inputs A.jsonl,B.jsonl)")
+        if not self.out:
+            raise ValueError("out: give an output folder (--out runs/datasets/NAME)")
+        if self.max_prompt_tokens <= 0:
+            raise ValueError(f"max_prompt_tokens: {self.max_prompt_tokens} must be positive")
+        if self.max_completion_tokens is None:
+            self.max_completion_tokens = DEFAULT_MAX_COMPLETION[self.role]
+        if self.max_completion_tokens <= 0:
+            raise ValueError(f"max_completion_tokens: {self.max_completion_tokens} must be positive")
+        if self.max_history is not None and self.max_history < 0:
+            raise ValueError(f"max_history: {self.max_history} must be >= 0 (or none)")
+        if self.max_failures < 0:
+            raise ValueError(f"max_failures: {self.max_failures} must be >= 0")
+        if self.sources is None:
+            self.sources = list(DECIDER_SOURCES if self.role == "decider" else STEP_SOURCES)
+        bad = [s for s in self.sources if s not in STEP_SOURCES]
+        if bad or not self.sources:
+            raise ValueError(f"sources: {bad or self.sources} not valid; choose from {STEP_SOURCES}")
+        if self.batch_size <= 0:
+            raise ValueError(f"batch_size: {self.batch_size} must be positive")
+
+
+class FoldLeakError(ValueError):
+    """A task appears in more than one fold: evaluation on it would be contaminated."""
+
+
+@dataclass
+class BuildResult:
+    out: Path
+    stats: dict[str, Any]
+    paths: dict[str, str]
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading
+# ---------------------------------------------------------------------------------------------
+def expand_inputs(inputs: list[str]) -> list[Path]:
+    """Files as given, every *.jsonl in a folder, and glob matches; error naming what matched nothing."""
+    files: list[Path] = []
+    for item in inputs:
+        path = Path(item).expanduser()
+        if path.is_dir():
+            found = sorted(path.glob("*.jsonl"))
+        elif path.exists():
+            found = [path]
+        else:
+            found = sorted(Path(p) for p in glob.glob(str(path)))
+        if not found:
+            raise FileNotFoundError(f"input {item!r}: no such file, or a folder/glob with no .jsonl files")
+        files += [f for f in found if f not in files]
+    return files
+
+
+@dataclass
+class Loaded:
+    trajectories: list[Trajectory] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # "FILE:LINE: field: problem"
+    malformed_lines: int = 0
+    skipped: Counter = field(default_factory=Counter)  # reason -> trajectories skipped
+
+
+def load_trajectories(files: list[Path], include_errored: bool = False) -> Loaded:
+    """Read and validate every line; a malformed line is reported as FILE:LINE and skipped."""
+    loaded, seen = Loaded(), set()
+    for path in files:
+        for lineno, line in iter_jsonl(path):
+            where = f"{path}:{lineno}"
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                loaded.malformed_lines += 1
+                loaded.problems.append(f"{where}: not valid JSON ({e.msg})")
+                continue
+            problems = []
+            try:
+                traj = Trajectory.from_dict(record)  # validates; the detailed problems only on failure
+            except (ValueError, TypeError, KeyError, AttributeError) as e:
+                problems = validate_record(record) or [f"(record): {e}"]
+            if problems:
+                loaded.malformed_lines += 1
+                loaded.problems += [f"{where}: {p}" for p in problems]
+                continue
+            if traj.id in seen:
+                loaded.skipped["duplicate_trajectory_id"] += 1
+                continue
+            seen.add(traj.id)
+            if traj.status == "errored" and not include_errored:
+                loaded.skipped["errored_trajectory"] += 1
+                continue
+            loaded.trajectories.append(traj)
+    return loaded
+
+
+def check_folds(trajectories: list[Trajectory]) -> None:
+    """Raise FoldLeakError naming every (env, task id) that appears in two folds."""
+    folds: dict[tuple[str, str], set[str]] = defaultdict(set)
+    for t in trajectories:
+        folds[(t.task.env, t.task.task_id)].add(t.task.fold)
+    leaks = {k: sorted(v) for k, v in folds.items() if len(v) > 1}
+    if leaks:
+        shown = "; ".join(f"{env}/{tid} in {'+'.join(f)}" for (env, tid), f in sorted(leaks.items())[:20])
+        more = f" (and {len(leaks) - 20} more)" if len(leaks) > 20 else ""
+        raise FoldLeakError(
+            f"{len(leaks)} task id(s) appear in more than one fold: {shown}{more}. "
+            "Collect each fold from its own task list, or drop the inputs that mix folds."
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Examples
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class Candidate:
+    """One example before tokenization: the full-history state, the action (simulator) and the target."""
+
+    state: fmt.PromptState
+    action: str  # rendered action taken at this step
+    completion: str
+    fold: str
+    meta: dict[str, Any]
+
+
+def make_candidates(trajectories: list[Trajectory], cfg: BuildConfig, counts: Counter) -> list[Candidate]:
+    """One candidate per step that the role learns from; `counts` collects skipped steps by reason."""
+    decider = cfg.role == "decider"
+    out: list[Candidate] = []
+    for traj in trajectories:
+        states = fmt.trajectory_states(traj, max_history=cfg.max_history, max_failures=cfg.max_failures)
+        for step, state in zip(traj.steps, states):
+            if step.source not in cfg.sources:
+                counts[f"source_{step.source}"] += 1
+                continue
+            if decider and step.error and cfg.skip_failed_targets:
+                counts["failed_action"] += 1
+                continue
+            action = fmt.render_action(step.action)
+            completion = action if decider else fmt.observation_completion(step.next_observation)
+            meta = {
+                "env": traj.env,
+                "task_id": traj.task.task_id,
+                "fold": traj.task.fold,
+                "family": traj.task.family,
+                "trajectory_id": traj.id,
+                "policy": traj.policy,
+                "step": step.index,
+                "source": step.source,
+                "error": step.error,
+            }
+            out.append(Candidate(state, action, completion, traj.task.fold, meta))
+    return out
+
+
+def _state_key(c: Candidate) -> tuple:
+    """Identity of a candidate before fitting: equal keys render to equal prompts and completions."""
+    s = c.state
+    history = tuple((h.action, h.observation, h.error) for h in s.history)
+    tools = json.dumps(s.tools, sort_keys=True) if s.tools else ""
+    valid = tuple(s.valid_actions) if s.valid_actions is not None else None
+    return (c.fold, s.goal, s.observation, history, valid, tools, tuple(s.failures), c.action, c.completion)
+
+
+def _batched(fn: Callable[[list], list[int]], batch_size: int, bar: Any) -> Callable[[list], list[int]]:
+    def run(items: list) -> list[int]:
+        out: list[int] = []
+        bar.total = (bar.total or 0) + len(items)
+        bar.refresh()
+        for start in range(0, len(items), batch_size):
+            chunk = items[start : start + batch_size]
+            out += fn(chunk)
+            bar.update(len(chunk))
+        return out
+
+    return run
+
+
+def _percentiles(values: list[int]) -> dict[str, float]:
+    import numpy as np
+
+    if not values:
+        return {"n": 0, "p50": 0, "p90": 0, "p99": 0, "max": 0, "mean": 0.0}
+    a = np.asarray(values)
+    pct = {f"p{q}": int(np.percentile(a, q, method="higher")) for q in (50, 90, 99)}
+    return {"n": len(values), **pct, "max": int(a.max()), "mean": round(float(a.mean()), 1)}
+
+
+def _features():
+    from datasets import Features, List, Value
+
+    message = {"role": Value("string"), "content": Value("string")}
+    return Features(
+        {
+            "prompt": List(message),
+            "completion": Value("string"),
+            "messages": List(message),
+            "env": Value("string"),
+            "task_id": Value("string"),
+            "fold": Value("string"),
+            "family": Value("string"),
+            "trajectory_id": Value("string"),
+            "policy": Value("string"),
+            "step": Value("int32"),
+            "source": Value("string"),
+            "error": Value("bool"),
+            "role": Value("string"),
+            "prompt_tokens": Value("int32"),
+            "completion_tokens": Value("int32"),
+            "history_kept": Value("int32"),
+            "history_dropped": Value("int32"),
+        }
+    )
+
+
+def build_rows(
+    candidates: list[Candidate], cfg: BuildConfig, tokenizer: Any, counts: Counter
+) -> tuple[dict[str, list[dict[str, Any]]], dict[str, int]]:
+    """Fit, tokenize, drop over-budget and duplicate examples; rows by fold (input order) and dedup counts."""
+    from tqdm.auto import tqdm
+
+    dedup: Counter = Counter()
+    if cfg.dedupe:  # cheap structural dedupe first, so duplicates are never tokenized
+        seen, unique = set(), []
+        for c in candidates:
+            key = _state_key(c)
+            if key in seen:
+                dedup[c.fold] += 1
+            else:
+                seen.add(key)
+                unique.append(c)
+        candidates = unique
+
+    if cfg.role == "decider":
+        render = fmt.decider_messages
+        states = [c.state for c in candidates]
+    else:
+        states = [_SimState(**vars(c.state), action=c.action) for c in candidates]
+        render = _render_sim
+
+    with tqdm(total=0, desc=f"build {cfg.role}: tokenizing", unit="text", disable=not cfg.progress) as bar:
+        count_batch = _batched(fmt.chat_batch_token_counter(tokenizer), cfg.batch_size, bar)
+        count_texts = _batched(fmt.text_token_counter(tokenizer), cfg.batch_size, bar)
+        completion_tokens = count_texts([fmt.completion_text(tokenizer, c.completion) for c in candidates])
+        fits = fmt.fit_batch_to_budget(states, render, count_batch, cfg.max_prompt_tokens, count_texts=count_texts)
+
+    rows: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    seen_pairs: set[tuple] = set()
+    for c, fit, ctoks in zip(candidates, fits, completion_tokens):
+        if ctoks > cfg.max_completion_tokens:
+            counts["completion_over_budget"] += 1
+            continue
+        if fit.tokens > cfg.max_prompt_tokens:
+            counts["prompt_over_budget"] += 1
+            continue
+        prompt = fit.messages
+        if cfg.dedupe:
+            key = (c.fold, *(m["content"] for m in prompt), c.completion)
+            if key in seen_pairs:
+                dedup[c.fold] += 1
+                continue
+            seen_pairs.add(key)
+        kept = len(fit.state.history)
+        rows[c.fold].append(
+            {
+                "prompt": prompt,
+                "completion": c.completion,
+                "messages": prompt + [{"role": "assistant", "content": c.completion}],
+                **c.meta,
+                "role": cfg.role,
+                "prompt_tokens": fit.tokens,
+                "completion_tokens": ctoks,
+                "history_kept": kept,
+                "history_dropped": fit.dropped,
+            }
+        )
+    return dict(rows), dict(dedup)
+
+
+@dataclass
+class _SimState(fmt.PromptState):
+    """A PromptState that carries the simulator's action, so the fitter's renderer stays state -> messages."""
+
+    action: str = ""
+
+
+def _render_sim(state: _SimState) -> fmt.Messages:
+    return fmt.simulator_messages(state, state.action)
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing
+# ---------------------------------------------------------------------------------------------
+def _save_dataset(rows: dict[str, list[dict[str, Any]]], folds: list[str], target: Path, progress: bool) -> None:
+    """save_to_disk into a temporary folder, then swap it in, so a crash never leaves half a dataset."""
+    from datasets import Dataset, DatasetDict
+    from datasets.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+
+    features = _features()
+    names = list(features)
+    dd = DatasetDict(
+        {
+            fold: Dataset.from_dict({k: [r[k] for r in rows.get(fold, [])] for k in names}, features=features)
+            for fold in folds
+        }
+    )
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    bars_were_on = not are_progress_bars_disabled()
+    if not progress:
+        disable_progress_bars()
+    try:
+        dd.save_to_disk(str(tmp))
+        if target.exists():
+            old = target.with_name(f".{target.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(target, old)
+            shutil.rmtree(old, ignore_errors=True)
+        os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finally:
+        if bars_were_on:
+            enable_progress_bars()
+
+
+def stats_markdown(stats: dict[str, Any]) -> str:
+    """A readable summary of stats.json (also what `simplan build` prints)."""
+    ex = stats["examples"]
+    lines = [
+        f"# {stats['role']} dataset: {ex['total']} examples",
+        "",
+        f"- tokenizer: `{stats['model']}`; prompt budget {stats['budget']['max_prompt_tokens']}, "
+        f"completion budget {stats['budget']['max_completion_tokens']} tokens",
+        f"- trajectories used: {stats['trajectories']['used']} (read {stats['trajectories']['read']}); "
+        f"malformed lines skipped: {stats['malformed_lines']}",
+        f"- built in {stats['seconds']['total']:.1f} s (tokenizing and fitting {stats['seconds']['tokenize']:.1f} s; "
+        f"loading the tokenizer took {stats['seconds']['tokenizer']:.1f} s more)",
+        "",
+        "| fold | examples | deduplicated | prompt p50 / p90 / p99 / max | completion p50 / p90 / p99 / max |",
+        "|---|---:|---:|---|---|",
+    ]
+    for fold, n in ex["by_fold"].items():
+        p, c = stats["tokens"]["by_fold"][fold]["prompt"], stats["tokens"]["by_fold"][fold]["completion"]
+        lines.append(
+            f"| {fold} | {n} | {stats['dedup']['by_fold'].get(fold, 0)} | "
+            f"{p['p50']} / {p['p90']} / {p['p99']} / {p['max']} | {c['p50']} / {c['p90']} / {c['p99']} / {c['max']} |"
+        )
+    for title, key in (("env", "by_env"), ("env / family", "by_family"), ("source", "by_source")):
+        lines += ["", f"| {title} | examples |", "|---|---:|"]
+        lines += [f"| {k} | {v} |" for k, v in ex[key].items()]
+    lines += ["", "| dropped or skipped | count |", "|---|---:|"]
+    dropped = {**stats["dropped"], **{f"skipped: {k}": v for k, v in stats["skipped"].items()}}
+    lines += [f"| {k} | {v} |" for k, v in dropped.items()] or ["| (none) | 0 |"]
+    h = stats["history"]
+    lines += [
+        "",
+        f"History truncated to fit the budget in {h['examples_truncated']} examples "
+        f"({h['steps_dropped']} steps dropped, oldest first).",
+    ]
+    if stats["problems"]:
+        lines += ["", "Malformed input (first ones):", ""] + [f"- `{p}`" for p in stats["problems"][:10]]
+    return "\n".join(lines) + "\n"
+
+
+def _stats(
+    cfg: BuildConfig,
+    files: list[Path],
+    loaded: Loaded,
+    rows: dict[str, list[dict[str, Any]]],
+    dedup: dict[str, int],
+    counts: Counter,
+    seconds: dict[str, float],
+) -> dict[str, Any]:
+    all_rows = [r for fold in rows for r in rows[fold]]
+
+    def by(key: Callable[[dict[str, Any]], str]) -> dict[str, int]:
+        return dict(sorted(Counter(key(r) for r in all_rows).items()))
+
+    dropped_keys = ("prompt_over_budget", "completion_over_budget", "failed_action")
+    return {
+        "role": cfg.role,
+        "model": cfg.model,
+        "inputs": [str(p) for p in files],
+        "budget": {"max_prompt_tokens": cfg.max_prompt_tokens, "max_completion_tokens": cfg.max_completion_tokens},
+        "trajectories": {
+            "read": len(loaded.trajectories) + sum(loaded.skipped.values()),
+            "used": len(loaded.trajectories),
+        },
+        "malformed_lines": loaded.malformed_lines,
+        "problems": loaded.problems[:MAX_REPORTED_PROBLEMS],
+        "examples": {
+            "total": len(all_rows),
+            "by_fold": {f: len(rows[f]) for f in rows},
+            "by_env": by(lambda r: r["env"]),
+            "by_family": by(lambda r: f"{r['env']}/{r['family'] or '-'}"),
+            "by_source": by(lambda r: r["source"]),
+        },
+        "dropped": {k: counts.get(k, 0) for k in dropped_keys},
+        "skipped": {
+            **dict(loaded.skipped),
+            **{k: v for k, v in sorted(counts.items()) if k.startswith("source_")},
+        },
+        "dedup": {"total": sum(dedup.values()), "by_fold": dedup},
+        "history": {
+            "examples_truncated": sum(1 for r in all_rows if r["history_dropped"]),
+            "steps_dropped": sum(r["history_dropped"] for r in all_rows),
+        },
+        "tokens": {
+            "prompt": _percentiles([r["prompt_tokens"] for r in all_rows]),
+            "completion": _percentiles([r["completion_tokens"] for r in all_rows]),
+            "by_fold": {
+                f: {
+                    "prompt": _percentiles([r["prompt_tokens"] for r in rows[f]]),
+                    "completion": _percentiles([r["completion_tokens"] for r in rows[f]]),
+                }
+                for f in rows
+            },
+        },
+        "seconds": {k: round(v, 3) for k, v in seconds.items()},
+    }
+
+
+def build(cfg: BuildConfig, tokenizer: Any = None) -> BuildResult:
+    """Read, render, fit, tokenize and write one dataset; returns the stats and the written paths."""
+    started = time.perf_counter()
+    files = expand_inputs(cfg.inputs)
+    if tokenizer is None:
+        from simplan.training.models import load_tokenizer
+
+        tokenizer = load_tokenizer(cfg.model)
+    t0 = time.perf_counter()  # tokenizer loading (imports transformers) is timed apart
+    loaded = load_trajectories(files, include_errored=cfg.include_errored)
+    check_folds(loaded.trajectories)
+    counts: Counter = Counter()
+    candidates = make_candidates(loaded.trajectories, cfg, counts)
+    t1 = time.perf_counter()
+    rows, dedup = build_rows(candidates, cfg, tokenizer, counts)
+    t2 = time.perf_counter()
+
+    out = Path(cfg.out)
+    folds = [f for f in FOLDS if f in {t.task.fold for t in loaded.trajectories}]
+    paths = {"dataset": str(out / "dataset")}
+    _save_dataset(rows, folds, out / "dataset", cfg.progress)
+    for fold in FOLDS:
+        path = out / f"{fold}.jsonl"
+        if fold in folds:
+            write_jsonl(path, ({"messages": r["messages"]} for r in rows.get(fold, [])))
+            paths[fold] = str(path)
+        elif path.exists():
+            path.unlink()  # a fold from an earlier build into the same folder
+    t3 = time.perf_counter()
+    seconds = {"tokenizer": t0 - started, "load": t1 - t0, "tokenize": t2 - t1, "write": t3 - t2, "total": t3 - t0}
+    stats = _stats(cfg, files, loaded, {f: rows.get(f, []) for f in folds}, dedup, counts, seconds)
+    paths |= {"stats": str(out / "stats.json"), "stats_md": str(out / "stats.md"), "config": str(out / "config.json")}
+    write_json(out / "stats.json", stats)
+    write_text(out / "stats.md", stats_markdown(stats))
+    write_json(out / "config.json", asdict(cfg))
+    return BuildResult(out=out, stats=stats, paths=paths)

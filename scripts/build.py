@@ -1,0 +1,49 @@
+"""`simplan build`: the decider or simulator dataset from trajectory JSONL files.
+
+    simplan build --role decider --inputs runs/data/twx-train.jsonl,runs/data/twx-dev.jsonl \\
+        --out runs/datasets/twx-decider --model smollm2-135m-instruct
+    simplan build --config recipes/build/twx-simulator.yaml --max-prompt-tokens 768
+
+Malformed input lines are reported as FILE:LINE and skipped (counted in stats.json). Exit status:
+0 when a dataset was written, 1 when no example survived, 2 on a bad input (missing file, a task
+in two folds). What each example holds is described in `simplan.data.build`.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from simplan.data.build import BuildConfig, FoldLeakError, build, stats_markdown
+from simplan.scripts.config import parse_config
+
+MAX_PRINTED_PROBLEMS = 20
+
+
+def main(argv: list[str] | None = None) -> int:
+    (cfg,) = parse_config([BuildConfig], argv, description=__doc__.split("\n")[0], prog="simplan build")
+    try:
+        result = build(cfg)
+    except (FileNotFoundError, FoldLeakError) as e:
+        print(f"simplan build: {e}", file=sys.stderr)
+        return 2
+    stats = result.stats
+    problems = stats["problems"]
+    for line in problems[:MAX_PRINTED_PROBLEMS]:
+        print(line, file=sys.stderr)
+    if stats["malformed_lines"] > len(problems[:MAX_PRINTED_PROBLEMS]):
+        print(
+            f"... {stats['malformed_lines']} malformed line(s) in all, skipped; see {result.paths['stats']}",
+            file=sys.stderr,
+        )
+    print(stats_markdown(stats))
+    print("written:")
+    for name, path in result.paths.items():
+        print(f"  {name:<8} {path}")
+    if not stats["examples"]["total"]:
+        print("simplan build: no example survived; see the dropped counts above", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
