@@ -68,7 +68,8 @@ class BuildConfig:
         },
     )
     max_history: int | None = field(
-        default=None, metadata={"help": "at most this many recent steps in a prompt (none: as many as fit the budget)"}
+        default=fmt.DEFAULT_MAX_HISTORY,
+        metadata={"help": "at most this many recent steps in a prompt, as the planner shows (none: all that fit)"},
     )
     max_failures: int = field(
         default=fmt.DEFAULT_MAX_FAILURES, metadata={"help": "failure-memory lines per prompt (most recent distinct)"}

@@ -169,10 +169,11 @@ def failure_note(action: Action, observation: str, max_chars: int = 160) -> str:
 
 
 DEFAULT_MAX_FAILURES = 5  # failure-memory lines a prompt shows (most recent distinct ones)
+DEFAULT_MAX_HISTORY = 8  # recent steps a prompt shows before the token budget trims further
 
 
 def trajectory_states(
-    traj: Trajectory, max_history: int | None = None, max_failures: int | None = DEFAULT_MAX_FAILURES
+    traj: Trajectory, max_history: int | None = DEFAULT_MAX_HISTORY, max_failures: int | None = DEFAULT_MAX_FAILURES
 ) -> list[PromptState]:
     """The PromptState before each step of a recorded trajectory: `states[i]` is what step i's actor saw.
 
@@ -183,14 +184,17 @@ def trajectory_states(
     """
     items = [history_item(s.action, s.next_observation, s.error) for s in traj.steps]
     states, failures = [], {}  # note -> None, in the order of each note's latest occurrence
+    goal = traj.goal
     for i, step in enumerate(traj.steps):
+        if i > 0 and traj.steps[i - 1].info.get("goal"):  # multi-turn tool tasks: a user turn sets a new goal
+            goal = traj.steps[i - 1].info["goal"]
         start = 0 if max_history is None else max(0, i - max_history)
         notes = list(failures)
         if max_failures is not None:
             notes = notes[-max_failures:] if max_failures > 0 else []
         states.append(
             PromptState(
-                goal=traj.goal,
+                goal=goal,
                 observation=step.observation,
                 history=items[start:i],
                 valid_actions=step.valid_actions,
@@ -206,7 +210,10 @@ def trajectory_states(
 
 
 def state_at_step(
-    traj: Trajectory, index: int, max_history: int | None = None, max_failures: int | None = DEFAULT_MAX_FAILURES
+    traj: Trajectory,
+    index: int,
+    max_history: int | None = DEFAULT_MAX_HISTORY,
+    max_failures: int | None = DEFAULT_MAX_FAILURES,
 ) -> PromptState:
     """The PromptState right before step `index` of `traj` (see `trajectory_states`)."""
     if not 0 <= index < len(traj.steps):

@@ -44,6 +44,7 @@ from typing import Any
 
 from simplan.data.format import (
     DEFAULT_MAX_FAILURES,
+    DEFAULT_MAX_HISTORY,
     Messages,
     PromptState,
     chat_token_counter,
@@ -128,7 +129,9 @@ class PlannerConfig:
     decider_adapter: str = field(default="decider", metadata=_help("engine adapter of the decider ('' = base)"))
     simulator_adapter: str = field(default="simulator", metadata=_help("engine adapter of the simulator ('' = base)"))
     prompt_budget: int = field(default=1024, metadata=_help("prompt tokens; oldest history steps are dropped"))
-    max_history: int = field(default=8, metadata=_help("history steps shown in a prompt (before the budget)"))
+    max_history: int = field(
+        default=DEFAULT_MAX_HISTORY, metadata=_help("history steps shown in a prompt (before the budget)")
+    )
     imagined_actions: str = field(
         default="seen",
         metadata=_help("actions offered in imagined states: seen (valid actions seen so far, constrained) or free"),
@@ -679,6 +682,8 @@ class Planner:
             m.completion_tokens,
         )
         ep.obs = obs
+        if obs.goal:  # multi-turn tool tasks: each user turn sets a new goal, as in the training data
+            ep.goal = obs.goal
         self._note_valid(ep, obs)
         if error:  # every arm remembers failed steps, as the training prompts do (data/format.py)
             self._remember_failure(ep, item.action)
