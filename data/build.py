@@ -246,6 +246,7 @@ def make_candidates(trajectories: list[Trajectory], cfg: BuildConfig, counts: Co
                 "step": step.index,
                 "source": step.source,
                 "error": step.error,
+                "valid_actions": list(step.valid_actions or []),  # eval-model's "share of valid actions"
             }
             out.append(Candidate(state, action, completion, traj.task.fold, meta))
     return out
@@ -302,6 +303,7 @@ def _features():
             "step": Value("int32"),
             "source": Value("string"),
             "error": Value("bool"),
+            "valid_actions": List(Value("string")),
             "role": Value("string"),
             "prompt_tokens": Value("int32"),
             "completion_tokens": Value("int32"),

@@ -54,6 +54,7 @@ class Completion:
     num_tokens: int
     finish_reason: str = "stop"  # "stop" | "length"
     logprob: float | None = None
+    token_ids: list[int] | None = None  # generated token ids, where the backend exposes them
 
 
 @dataclass

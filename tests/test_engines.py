@@ -57,7 +57,8 @@ def make_adapter(base: str, out: str, seed: int) -> str:
 def tiny(tmp_path_factory) -> tuple[str, dict[str, str]]:
     from simplan.training.tiny import tiny_model
 
-    base = str(tiny_model("llama"))
+    # Unscaled logits (final_norm=1): greedy ties between kernels' float rounding are then vanishingly rare.
+    base = str(tiny_model("llama", final_norm=1.0))
     root = tmp_path_factory.mktemp("adapters")
     adapters = {name: make_adapter(base, str(root / name), seed=i + 1) for i, name in enumerate(ADAPTER_NAMES)}
     return base, adapters
@@ -188,7 +189,9 @@ def test_vllm_greedy_identical_to_hf_mixed_batch(vllm_engine, hf):
     reqs = greedy_batch(max_tokens=16)
     want = hf.generate(reqs)
     got = vllm_engine.generate(reqs)
-    assert texts(got) == texts(want)
+    assert [r.completions[0].token_ids for r in got] == [r.completions[0].token_ids for r in want]
+    # vLLM's incremental detokenizer holds back a trailing incomplete UTF-8 byte; hf decodes it as U+FFFD.
+    assert [t.rstrip("\ufffd") for t in texts(got)] == [t.rstrip("\ufffd") for t in texts(want)]
     assert [r.completions[0].num_tokens for r in got] == [r.completions[0].num_tokens for r in want]
     assert [r.prompt_tokens for r in got] == [r.prompt_tokens for r in want]
 

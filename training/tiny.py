@@ -17,7 +17,7 @@ from pathlib import Path
 
 from simplan.training.models import DEFAULT_MODEL, REGISTRY, _package_folder, cache_dir
 
-TINY_VERSION = 1
+TINY_VERSION = 2  # 2: EOS row not zero, final norm x8 (see tiny_model)
 ARCHS = ("llama", "qwen2")
 
 
@@ -59,20 +59,36 @@ def _config(arch: str, vocab_size: int, eos_id: int, bos_id: int):
     raise ValueError(f"arch: {arch!r} is not one of {ARCHS}")
 
 
-def tiny_model(arch: str = "llama", out_dir: str | os.PathLike | None = None, seed: int = 0) -> Path:
-    """Make (or reuse) a tiny random model folder of `arch`; returns its path."""
+def tiny_model(
+    arch: str = "llama", out_dir: str | os.PathLike | None = None, seed: int = 0, final_norm: float = 8.0
+) -> Path:
+    """Make (or reuse) a tiny random model folder of `arch`; returns its path.
+
+    `final_norm` scales the logits: 8 (default) lets LoRA training reach confident predictions in a
+    few steps; 1 keeps logits small, which backend-equivalence tests prefer (float drift between
+    kernels is then far below the gap between the top two tokens).
+    """
     import torch
     from transformers import AutoModelForCausalLM
 
     if arch not in ARCHS:
         raise ValueError(f"arch: {arch!r} is not one of {ARCHS}")
-    out = Path(out_dir) if out_dir else cache_dir() / "tiny" / f"{arch}-v{TINY_VERSION}-s{seed}"
+    name = f"{arch}-v{TINY_VERSION}-s{seed}" + ("" if final_norm == 8.0 else f"-n{final_norm:g}")
+    out = Path(out_dir) if out_dir else cache_dir() / "tiny" / name
     if (out / "config.json").exists() and (out / "model.safetensors").exists():
         return out
     tok = _tokenizer()
     config = _config(arch, len(tok), tok.eos_token_id, tok.bos_token_id or tok.eos_token_id)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    # pad_token_id == eos_token_id makes nn.Embedding zero that row, and with tied embeddings the
+    # EOS logit is then stuck at 0: a LoRA-trained tiny model could never learn to stop.
+    with torch.no_grad():
+        model.get_input_embeddings().weight[config.pad_token_id].normal_(0.0, config.initializer_range)
+        # With hidden 128 and 0.02-scale tied embeddings the largest reachable logit margin is ~3
+        # nats, so even a memorised token stays at p ~ 0.03; a x8 final norm lets LoRA make the model
+        # confident within a few dozen steps (and keeps greedy argmaxes away from near-ties).
+        model.get_decoder().norm.weight.fill_(final_norm)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:

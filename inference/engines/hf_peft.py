@@ -179,7 +179,11 @@ class HFPeftEngine:
                 lp = None
                 if logps is not None:
                     lp = float(sum(logps[row, s, tok] for s, tok in enumerate(tokens)))
-                comps.append(Completion(text=text, num_tokens=len(tokens), finish_reason=reason, logprob=lp))
+                comps.append(
+                    Completion(
+                        text=text, num_tokens=len(tokens), finish_reason=reason, logprob=lp, token_ids=list(tokens)
+                    )
+                )
             results.append(GenerationResult(comps, len(prompts[i]), sum(c.num_tokens for c in comps), 0.0))
         return results
 

@@ -143,7 +143,15 @@ class VLLMEngine:
                 if r.logprobs and o.logprobs is not None:
                     lp = float(sum(step[tok].logprob for step, tok in zip(o.logprobs, o.token_ids)))
                 reason = "length" if o.finish_reason == "length" else "stop"
-                comps.append(Completion(text=o.text, num_tokens=len(o.token_ids), finish_reason=reason, logprob=lp))
+                comps.append(
+                    Completion(
+                        text=o.text,
+                        num_tokens=len(o.token_ids),
+                        finish_reason=reason,
+                        logprob=lp,
+                        token_ids=list(o.token_ids),
+                    )
+                )
             results.append(
                 GenerationResult(comps, len(out.prompt_token_ids or []), sum(c.num_tokens for c in comps), 0.0)
             )

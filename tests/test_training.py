@@ -1,0 +1,304 @@
+"""LoRA training on a tiny random model: loss, labels, adapter, EOS, resume, packing, peft loading.
+
+.venv/bin/pytest -q tests/test_training.py
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("peft")
+datasets = pytest.importorskip("datasets")
+
+from simplan.data.format import decider_messages, state_from_steps  # noqa: E402
+from simplan.training.config import DataArguments, LoraArguments, ModelArguments, TrainArguments  # noqa: E402
+from simplan.training.tiny import tiny_model  # noqa: E402
+from simplan.training.trainer import (  # noqa: E402
+    IGNORE_INDEX,
+    PackingCollator,
+    PaddingCollator,
+    completion_loss,
+    tokenize_dataset,
+    tokenize_example,
+    train,
+)
+
+torch.set_num_threads(1)
+
+ROWS = [
+    ("You are in room 1 of 3. A key lies on the floor.", "take key"),
+    ("You take the key.", "go east"),
+    ("You are in room 3 of 3. There is a locked door here.", "open door"),
+    ("You are in room 2 of 3.", "go east"),
+]
+
+
+def _rows(n_repeat: int = 1) -> list[dict]:
+    rows = []
+    for _ in range(n_repeat):
+        for obs, action in ROWS:
+            state = state_from_steps("Open the door.", obs, valid_actions=["go east", "take key", "open door"])
+            rows.append(
+                {
+                    "prompt": decider_messages(state),
+                    "completion": action,
+                    "task_id": obs[:8],
+                    "valid_actions": state.valid_actions,
+                }
+            )
+    return rows
+
+
+@pytest.fixture(scope="module")
+def tiny() -> Path:
+    return tiny_model("llama")
+
+
+@pytest.fixture(scope="module")
+def dataset_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("ds") / "decider"
+    dd = datasets.DatasetDict(
+        {"train": datasets.Dataset.from_list(_rows(4)), "dev": datasets.Dataset.from_list(_rows(1))}
+    )
+    dd.save_to_disk(str(out))
+    return out
+
+
+def _args(tiny: Path, dataset_dir: Path, out: Path, **train_kw) -> tuple:
+    kw = dict(
+        output_dir=str(out),
+        max_steps=8,
+        learning_rate=3e-3,
+        warmup_ratio=0.0,
+        lr_scheduler_type="constant",
+        per_device_train_batch_size=4,
+        logging_steps=1,
+        eval_steps=4,
+        save_steps=4,
+        bf16="false",
+        report_to="none",
+        seed=0,
+    )
+    kw.update(train_kw)
+    return (
+        ModelArguments(model=str(tiny)),
+        LoraArguments(lora_r=8, lora_alpha=16, lora_dropout=0.0),
+        DataArguments(dataset=str(dataset_dir), max_length=512),
+        TrainArguments(**kw),
+    )
+
+
+def _tokenizer(tiny: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny)
+
+
+def test_labels_mask_prompt_and_keep_completion_with_eos(tiny: Path) -> None:
+    tok = _tokenizer(tiny)
+    row = _rows()[0]
+    ex = tokenize_example(tok, row["prompt"], row["completion"])
+    labels, ids = ex["labels"], ex["input_ids"]
+    n_prompt = sum(1 for x in labels if x == IGNORE_INDEX)
+    prompt_ids = tok.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=True)
+    prompt_ids = prompt_ids["input_ids"] if hasattr(prompt_ids, "keys") else prompt_ids
+    assert ids[:n_prompt] == list(prompt_ids)  # the prompt is exactly the chat template's
+    assert all(x == IGNORE_INDEX for x in labels[:n_prompt])
+    assert labels[n_prompt:] == ids[n_prompt:]  # every completion token carries loss...
+    assert labels[-1] == tok.eos_token_id  # ...including the EOS that teaches stopping
+    assert tok.decode(labels[n_prompt:-1]).strip() == "take key"
+
+
+def test_over_long_examples_are_dropped_not_cut(tiny: Path) -> None:
+    tok = _tokenizer(tiny)
+    ds = datasets.Dataset.from_list(_rows())
+    full, dropped = tokenize_dataset(ds, tok, max_length=4096)
+    assert dropped == 0
+    limit = sorted(full["length"])[1]
+    short, dropped = tokenize_dataset(ds, tok, max_length=limit)
+    assert dropped == sum(n > limit for n in full["length"]) > 0
+    assert all(lab[-1] == tok.eos_token_id for lab in short["labels"])
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_completion_only_logits_and_packing_give_the_full_loss(arch: str) -> None:
+    """The fast paths compute the same loss as the model's own full-logits loss, with no leakage."""
+    from transformers import AutoModelForCausalLM
+
+    folder = tiny_model(arch)
+    tok = _tokenizer(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    feats = [tokenize_example(tok, r["prompt"], r["completion"] + " now" * i) for i, r in enumerate(_rows())]
+    padded = PaddingCollator(tok.pad_token_id)(feats)
+    with torch.no_grad():
+        reference = model(**padded).loss  # full logits, mean over labelled tokens
+        fast = completion_loss(model, padded)
+        packed = completion_loss(model, PackingCollator()(feats))
+    assert torch.allclose(fast, reference, atol=1e-5), (fast, reference)
+    assert torch.allclose(packed, reference, atol=1e-4), (packed, reference)
+
+
+@pytest.fixture(scope="module")
+def trained(tiny: Path, dataset_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    out = tmp_path_factory.mktemp("run") / "decider"
+    return train(*_args(tiny, dataset_dir, out, max_steps=80, save_steps=40, eval_steps=20)), out
+
+
+def test_training_lowers_loss_and_writes_outputs(trained) -> None:
+    result, out = trained
+    logs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in logs if "loss" in r]
+    assert len(losses) >= 10 and losses[-1] < 0.5 * losses[0], losses
+    evals = [r["eval_loss"] for r in logs if "eval_loss" in r]
+    assert len(evals) >= 2 and evals[-1] < evals[0]
+    assert all(r["tokens_per_s"] > 0 for r in logs if "loss" in r)
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["global_step"] == 80 and metrics["train_examples"] == 16 and "eval_loss" in metrics
+    assert (out / "config.yaml").exists() and "lora_r: 8" in (out / "config.yaml").read_text()
+    for name in ("adapter_config.json", "adapter_model.safetensors", "tokenizer.json"):
+        assert (result.adapter_dir / name).exists(), name
+
+
+def test_adapter_weights_changed_and_load_in_peft(trained, tiny: Path) -> None:
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    result, _ = trained
+    weights = load_file(str(result.adapter_dir / "adapter_model.safetensors"))
+    lora_b = [v for k, v in weights.items() if "lora_B" in k]
+    assert lora_b and all(v.abs().sum() > 0 for v in lora_b)  # lora_B starts at zero
+    config = json.loads((result.adapter_dir / "adapter_config.json").read_text())
+    assert {"q_proj", "v_proj", "down_proj"} <= set(config["target_modules"])
+
+    base = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32)
+    model = PeftModel.from_pretrained(base, str(result.adapter_dir)).eval()
+    tok = _tokenizer(tiny)
+    # Greedy generation reproduces a memorised completion and stops with EOS.
+    for row in _rows()[:3]:
+        enc = tok(
+            tok.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False),
+            return_tensors="pt",
+            add_special_tokens=False,
+        )
+        with torch.no_grad():
+            out = model.generate(**enc, max_new_tokens=10, do_sample=False, pad_token_id=tok.pad_token_id)
+        new = out[0, enc["input_ids"].shape[1] :].tolist()
+        assert tok.eos_token_id in new, tok.decode(new)
+        assert new[new.index(tok.eos_token_id) - 1] != tok.eos_token_id
+        assert tok.decode(new[: new.index(tok.eos_token_id)]).strip() == row["completion"]
+        with model.disable_adapter(), torch.no_grad():
+            base_out = model.generate(**enc, max_new_tokens=10, do_sample=False, pad_token_id=tok.pad_token_id)
+        assert base_out[0].tolist() != out[0].tolist()
+
+
+def test_rerun_resumes_from_last_checkpoint(tiny: Path, dataset_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    first = train(*_args(tiny, dataset_dir, out, max_steps=4, save_steps=4, eval_steps=0))
+    assert first.metrics["global_step"] == 4 and (out / "checkpoint-4").is_dir()
+    # Same command with a larger budget (as after an interruption): continues at step 4.
+    second = train(*_args(tiny, dataset_dir, out, max_steps=8, save_steps=4, eval_steps=0))
+    assert second.metrics["resumed_from"].endswith("checkpoint-4")
+    assert second.metrics["global_step"] == 8
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    loss_steps = [r["step"] for r in records if "loss" in r]
+    assert loss_steps == list(range(1, 9)), loss_steps  # steps 5-8 follow 1-4; no restart from step 1
+    # 4 optimizer steps of batch 4 = one pass; the resumed run trained only the remaining ones.
+    assert second.metrics["tokens_seen_this_run"] < first.metrics["tokens_seen_this_run"] * 1.5
+
+
+def test_config_validation_names_the_field() -> None:
+    with pytest.raises(ValueError, match="lora_r"):
+        LoraArguments(lora_r=0)
+    with pytest.raises(ValueError, match="batching"):
+        TrainArguments(batching="zigzag")
+    with pytest.raises(ValueError, match="dataset"):
+        DataArguments(dataset="")
+    with pytest.raises(ValueError, match="bf16"):
+        TrainArguments(bf16="maybe")
+
+
+def test_eval_model_reports_base_and_adapter_side_by_side(trained, tiny: Path, dataset_dir: Path, tmp_path: Path):
+    from simplan.training.evaluate import EvalModelConfig, evaluate
+
+    result, _ = trained
+    cfg = EvalModelConfig(
+        role="decider",
+        dataset=str(dataset_dir),
+        fold="dev",
+        model=str(tiny),
+        adapter=str(result.adapter_dir),
+        dtype="float32",
+        out=str(tmp_path / "eval"),
+    )
+    report = evaluate(cfg)
+    adapter, base = report["results"]["adapter"], report["results"]["base"]
+    assert adapter["n"] == 4 and adapter["exact"] == 1.0 and adapter["parse"] == 1.0 and adapter["valid"] == 1.0
+    assert base["exact"] < 1.0
+    assert "| adapter |" in (tmp_path / "eval" / "metrics.md").read_text()
+    lines = (tmp_path / "eval" / "predictions.jsonl").read_text().splitlines()
+    assert len(lines) == 4 and json.loads(lines[0])["adapter"] == json.loads(lines[0])["gold"]
+
+
+def test_simulator_metrics() -> None:
+    from simplan.training.evaluate import simulator_metrics, token_f1
+
+    assert token_f1("You take the key.", "you take the key.") == 1.0
+    assert token_f1("a b", "c d") == 0.0 and 0 < token_f1("a b c", "a b d") < 1
+    rows = [
+        {"completion": "You can't do that.", "error": True},
+        {"completion": "You take the key.", "error": False},
+        {"completion": "You can't do that.", "error": True},
+    ]
+    preds = ["You can't do that.", "You can't  do that.", "You take the key."]
+    m = simulator_metrics(preds, [True] * 3, rows, {"you can't do that."})
+    assert m["exact"] == 1 / 3 and m["error_precision"] == 0.5 and m["error_recall"] == 0.5
+
+
+RECIPES = sorted(p for p in (Path(__file__).parent.parent / "recipes").glob("*/*/*.yaml"))
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: str(p.relative_to(p.parents[2])))
+def test_recipes_parse_and_open_with_their_command(recipe: Path) -> None:
+    from simplan.scripts.config import parse_config
+
+    if recipe.parts[-3] == "pipeline":
+        pytest.skip("pipeline recipes belong to `simplan pipeline`")
+    first = recipe.read_text().splitlines()[0]
+    assert first == f"# simplan train --config recipes/{recipe.relative_to(recipe.parents[2])}"
+    model, lora, data, train_args = parse_config(
+        [ModelArguments, LoraArguments, DataArguments, TrainArguments], ["--config", str(recipe)]
+    )
+    assert lora.lora_r in (8, 16, 32, 64) and data.dataset and train_args.output_dir.startswith("runs/train/")
+    assert recipe.stem in train_args.output_dir and recipe.stem in data.dataset
+
+
+def test_train_and_models_cli(tiny: Path, dataset_dir: Path, tmp_path: Path, capsys) -> None:
+    from simplan.scripts import models
+    from simplan.scripts import train as train_cmd
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"model: {tiny}\ndataset: {dataset_dir}\nbf16: 'false'\nreport_to: none\nlora_r: 8\n")
+    out = tmp_path / "cli-run"
+    assert train_cmd.main(["--config", str(recipe), "--max_steps", "2", "--output_dir", str(out)]) == 0
+    assert (out / "adapter" / "adapter_config.json").exists()
+    assert "max_steps: 2" in (out / "config.yaml").read_text()
+    assert train_cmd.main(["--config", str(recipe), "--dataset", str(tmp_path / "missing")]) == 2
+    assert models.main(["list"]) == 0 and "smollm2-135m-instruct" in capsys.readouterr().out
+    assert models.main(["fetch", str(tiny)]) == 0 and str(tiny) in capsys.readouterr().out
+    assert models.main(["fetch", "no-such-model"]) == 2
+
+
+def test_packed_batches_with_gradient_checkpointing_train(tiny: Path, dataset_dir: Path, tmp_path: Path) -> None:
+    result = train(
+        *_args(tiny, dataset_dir, tmp_path / "packed", max_steps=6, batching="packed", gradient_checkpointing=True)
+    )
+    logs = [json.loads(line) for line in (tmp_path / "packed" / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in logs if "loss" in r]
+    assert len(losses) == 6 and all(math.isfinite(x) for x in losses) and losses[-1] < losses[0]
+    assert result.metrics["global_step"] == 6 and math.isfinite(result.metrics["eval_loss"])

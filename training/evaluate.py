@@ -1,0 +1,259 @@
+"""Offline metrics of a base model and/or a LoRA adapter on a fold of a built dataset.
+
+    simplan eval-model --role decider --dataset runs/datasets/twx-decider --fold dev \\
+        --model smollm2-135m-instruct --adapter runs/train/smollm2-twx-decider/adapter --limit 200
+
+Batched greedy generation with transformers (+ peft); with an adapter the base model is evaluated
+too (`--compare_base`, on by default), side by side, from the same loaded weights.
+
+Decider metrics: `exact` (the next action, whitespace-normalised, equals the dataset's),
+`parse` (one non-empty line that ended with EOS), `stopped` (EOS within max_new_tokens) and
+`valid` (case-insensitively one of the row's `valid_actions`; needs that column, else n/a).
+Simulator metrics: `exact`, `token_f1` (bag-of-words F1, lower-cased) and precision/recall of
+predicting an error observation: rows carry an `error` flag for their target, and a prediction
+counts as an error when it equals (normalised) one of the error observations seen in the dataset.
+
+Writes out/metrics.json, out/metrics.md and out/predictions.jsonl.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from simplan.data.format import prompt_text
+from simplan.data.io import write_json, write_jsonl, write_text
+
+ROLES = ("decider", "simulator")
+
+
+@dataclass
+class EvalModelConfig:
+    role: str = field(default="decider", metadata={"help": "decider or simulator (which metrics to compute)"})
+    dataset: str = field(default="", metadata={"help": "dataset folder from `simplan build`"})
+    fold: str = field(default="dev", metadata={"help": "fold to evaluate"})
+    model: str = field(
+        default="smollm2-135m-instruct", metadata={"help": "base model: registry name, HF folder or hub id"}
+    )
+    adapter: str = field(default="", metadata={"help": "PEFT adapter folder (train's output_dir/adapter); '' = base"})
+    compare_base: bool = field(default=True, metadata={"help": "with --adapter, evaluate the base model too"})
+    limit: int = field(default=200, metadata={"help": "evaluate the first N rows of the fold (0: all)"})
+    batch_size: int = field(default=16, metadata={"help": "prompts per generate call"})
+    max_new_tokens: int = field(
+        default=0, metadata={"help": "generation cap (0: longest gold completion in the fold + 16 tokens)"}
+    )
+    dtype: str = field(default="auto", metadata={"help": "auto (bfloat16 where native, else float32), float32, ..."})
+    num_threads: int = field(default=0, metadata={"help": "torch CPU threads (0: torch's default)"})
+    out: str = field(default="", metadata={"help": "output folder (default: next to the adapter, or runs/eval-model)"})
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ValueError(f"role: {self.role!r} is not one of {ROLES}")
+        if not self.dataset:
+            raise ValueError("dataset: give the dataset folder written by `simplan build`")
+        for name in ("limit", "max_new_tokens", "num_threads"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: {getattr(self, name)} must be >= 0")
+        if self.batch_size <= 0:
+            raise ValueError(f"batch_size: {self.batch_size} must be positive")
+
+    def out_dir(self) -> Path:
+        if self.out:
+            return Path(self.out)
+        if self.adapter:
+            return Path(self.adapter).parent / f"eval-{self.fold}"
+        return Path("runs/eval-model") / f"{Path(self.model).name}-{self.role}-{self.fold}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Metrics (pure functions)
+# ---------------------------------------------------------------------------------------------
+def normalize(text: str) -> str:
+    return " ".join(text.split())
+
+
+def token_f1(prediction: str, reference: str) -> float:
+    pred, ref = normalize(prediction).lower().split(), normalize(reference).lower().split()
+    if not pred and not ref:
+        return 1.0
+    common = sum((Counter(pred) & Counter(ref)).values())
+    if common == 0:
+        return 0.0
+    precision, recall = common / len(pred), common / len(ref)
+    return 2 * precision * recall / (precision + recall)
+
+
+def decider_metrics(preds: list[str], stopped: list[bool], rows: list[dict[str, Any]]) -> dict[str, Any]:
+    n = max(len(rows), 1)
+    exact = sum(normalize(p) == normalize(r["completion"]) for p, r in zip(preds, rows))
+    parse = sum(bool(p.strip()) and "\n" not in p.strip() and s for p, s in zip(preds, stopped))
+    out: dict[str, Any] = {"n": len(rows), "exact": exact / n, "parse": parse / n, "stopped": sum(stopped) / n}
+    with_valid = [(p, r["valid_actions"]) for p, r in zip(preds, rows) if r.get("valid_actions")]
+    if with_valid:
+        ok = sum(normalize(p).lower() in {normalize(v).lower() for v in va} for p, va in with_valid)
+        out["valid"] = ok / len(with_valid)
+    else:
+        out["valid"] = None  # the dataset has no valid_actions column
+    return out
+
+
+def simulator_metrics(
+    preds: list[str], stopped: list[bool], rows: list[dict[str, Any]], error_texts: set[str]
+) -> dict[str, Any]:
+    n = max(len(rows), 1)
+    exact = sum(normalize(p) == normalize(r["completion"]) for p, r in zip(preds, rows))
+    f1 = sum(token_f1(p, r["completion"]) for p, r in zip(preds, rows))
+    out: dict[str, Any] = {"n": len(rows), "exact": exact / n, "token_f1": f1 / n, "stopped": sum(stopped) / n}
+    if rows and "error" in rows[0]:
+        gold = [bool(r["error"]) for r in rows]
+        guess = [normalize(p).lower() in error_texts for p in preds]
+        tp = sum(g and h for g, h in zip(gold, guess))
+        out["error_precision"] = tp / sum(guess) if sum(guess) else None
+        out["error_recall"] = tp / sum(gold) if sum(gold) else None
+        out["error_rows"] = sum(gold)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Generation
+# ---------------------------------------------------------------------------------------------
+def generate(
+    model: Any, tokenizer: Any, prompts: list[list[dict[str, str]]], batch_size: int, max_new_tokens: int
+) -> tuple[list[str], list[bool]]:
+    """Greedy completions (text without EOS) and whether each stopped with EOS, in input order."""
+    import torch
+    from tqdm.auto import tqdm
+
+    texts = [prompt_text(tokenizer, p) for p in prompts]
+    lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+    order = sorted(range(len(texts)), key=lambda i: -lengths[i])  # similar lengths batch with little padding
+    outputs: list[str] = [""] * len(texts)
+    stopped: list[bool] = [False] * len(texts)
+    tokenizer.padding_side = "left"  # generation continues every row from its own last token
+    for start in tqdm(range(0, len(order), batch_size), desc="generate", unit="batch"):
+        idx = order[start : start + batch_size]
+        enc = tokenizer([texts[i] for i in idx], add_special_tokens=False, padding=True, return_tensors="pt")
+        with torch.no_grad():
+            out = model.generate(
+                **enc,
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                pad_token_id=tokenizer.pad_token_id,
+                eos_token_id=tokenizer.eos_token_id,
+            )
+        for row, i in zip(out[:, enc["input_ids"].shape[1] :].tolist(), idx):
+            if tokenizer.eos_token_id in row:
+                row = row[: row.index(tokenizer.eos_token_id)]
+                stopped[i] = True
+            outputs[i] = tokenizer.decode(row, skip_special_tokens=True)
+    return outputs, stopped
+
+
+def _load_rows(cfg: EvalModelConfig) -> tuple[list[dict[str, Any]], set[str]]:
+    from datasets import load_from_disk
+
+    folder = Path(cfg.dataset)
+    if (folder / "dataset" / "dataset_dict.json").exists():
+        folder = folder / "dataset"
+    if not folder.exists():
+        raise FileNotFoundError(f"dataset: {folder} does not exist; build it with `simplan build`")
+    data = load_from_disk(str(folder))
+    if cfg.fold not in data:
+        raise ValueError(f"fold: {cfg.fold!r} is not in {folder} (folds: {list(data)})")
+    split = data[cfg.fold]
+    if cfg.limit:
+        split = split.select(range(min(cfg.limit, len(split))))
+    error_texts: set[str] = set()
+    if "error" in split.column_names:
+        for name in data:
+            for completion, err in zip(data[name]["completion"], data[name]["error"]):
+                if err:
+                    error_texts.add(normalize(completion).lower())
+    return split.to_list(), error_texts
+
+
+def _table(results: dict[str, dict[str, Any]], cfg: EvalModelConfig) -> str:
+    keys = [k for k in next(iter(results.values())) if k != "seconds"]
+    lines = [
+        f"# eval-model: {cfg.role} on {cfg.dataset} ({cfg.fold})",
+        "",
+        f"model `{cfg.model}`" + (f", adapter `{cfg.adapter}`" if cfg.adapter else ""),
+        "",
+        "| variant | " + " | ".join(keys) + " |",
+        "|---" * (len(keys) + 1) + "|",
+    ]
+    for name, m in results.items():
+        cells = [
+            "n/a" if m.get(k) is None else (f"{m[k]:.1%}" if isinstance(m[k], float) else str(m[k])) for k in keys
+        ]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def evaluate(cfg: EvalModelConfig) -> dict[str, Any]:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from simplan.training.models import load_tokenizer, resolve_model
+    from simplan.training.trainer import bf16_supported
+
+    if cfg.num_threads:
+        torch.set_num_threads(cfg.num_threads)
+    rows, error_texts = _load_rows(cfg)
+    if not rows:
+        raise ValueError(f"fold: {cfg.fold!r} of {cfg.dataset} has no rows")
+    tokenizer = load_tokenizer(cfg.model)
+    dtype = getattr(torch, cfg.dtype) if cfg.dtype != "auto" else None
+    if dtype is None:
+        dtype = torch.bfloat16 if bf16_supported() else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(resolve_model(cfg.model), dtype=dtype).eval()
+    if cfg.adapter:
+        from peft import PeftModel
+
+        if not (Path(cfg.adapter) / "adapter_config.json").exists():
+            raise FileNotFoundError(f"adapter: {cfg.adapter} has no adapter_config.json; give train's output/adapter")
+        model = PeftModel.from_pretrained(model, cfg.adapter).eval()
+    max_new = cfg.max_new_tokens or (
+        max(len(ids) for ids in tokenizer([r["completion"] for r in rows], add_special_tokens=False)["input_ids"]) + 16
+    )
+    prompts = [r["prompt"] for r in rows]
+    variants: list[str] = (["base"] if not cfg.adapter or cfg.compare_base else []) + (
+        ["adapter"] if cfg.adapter else []
+    )
+    results: dict[str, dict[str, Any]] = {}
+    predictions: dict[str, list[str]] = {}
+    for variant in variants:
+        started = time.perf_counter()
+        if variant == "base" and cfg.adapter:
+            with model.disable_adapter():
+                preds, stopped = generate(model, tokenizer, prompts, cfg.batch_size, max_new)
+        else:
+            preds, stopped = generate(model, tokenizer, prompts, cfg.batch_size, max_new)
+        if cfg.role == "decider":
+            metrics = decider_metrics(preds, stopped, rows)
+        else:
+            metrics = simulator_metrics(preds, stopped, rows, error_texts)
+        metrics["seconds"] = round(time.perf_counter() - started, 1)
+        results[variant] = metrics
+        predictions[variant] = preds
+    out = cfg.out_dir()
+    report = {"config": asdict(cfg), "max_new_tokens": max_new, "results": results}
+    write_json(out / "metrics.json", report)
+    write_text(out / "metrics.md", _table(results, cfg))
+    write_jsonl(
+        out / "predictions.jsonl",
+        (
+            {
+                "index": i,
+                "task_id": r.get("task_id"),
+                "gold": r["completion"],
+                **{v: predictions[v][i] for v in variants},
+            }
+            for i, r in enumerate(rows)
+        ),
+    )
+    report["out"] = str(out)
+    return report

@@ -1,0 +1,487 @@
+"""LoRA fine-tuning of the decider or the simulator: transformers Trainer + peft, completion-only loss.
+
+    simplan train --config recipes/smollm2-135m-instruct/twx/decider.yaml      # CLI (scripts/train.py)
+
+    from simplan.training.trainer import train
+    result = train(ModelArguments(...), LoraArguments(...), DataArguments(dataset="runs/datasets/x"),
+                   TrainArguments(output_dir="runs/train/x"))
+
+What happens, in order:
+1. Each row's `prompt` (chat messages) is rendered with the tokenizer's chat template and its
+   `completion` gets the EOS token appended (both through data/format.py, the one prompt format
+   shared with inference), then tokenized; labels are -100 on every prompt token, so only the
+   completion (with its EOS, which teaches the model to stop) carries loss. Examples longer than
+   `max_length` are dropped and counted, never cut.
+2. Batches are grouped by length and padded to the longest in the batch (the fast path on a CPU),
+   or packed into one row whose position ids restart at every example; transformers then builds a
+   block-diagonal causal mask (or uses varlen flash attention), so attention never crosses examples.
+3. The loss is computed at completion positions only: the LM head (49k words for SmolLM2) runs on
+   the positions that carry a label, via the model's own `logits_to_keep`, which on the CPU is the
+   largest single saving (see ../shared/PLATFORM.md). The loss is identical to the full one.
+4. Checkpoints every `save_steps`; rerunning the same command resumes from the last one. Logs go to
+   output_dir/metrics.jsonl (and TensorBoard when installed). At the end: output_dir/adapter (a
+   PEFT adapter folder that peft and vLLM's LoRARequest load, with the tokenizer), config.yaml (the
+   resolved config) and metrics.json.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from transformers import Trainer, TrainerCallback, TrainingArguments
+
+from simplan.data.format import completion_text, prompt_text
+from simplan.data.io import append_jsonl, write_json, write_text
+from simplan.training.config import DataArguments, LoraArguments, ModelArguments, TrainArguments
+from simplan.training.models import load_tokenizer, resolve_model
+
+IGNORE_INDEX = -100
+
+
+# ---------------------------------------------------------------------------------------------
+# Data: tokenization with completion-only labels, and the two collators
+# ---------------------------------------------------------------------------------------------
+def tokenize_example(tokenizer: Any, prompt: list[dict[str, str]], completion: str) -> dict[str, list[int]]:
+    """input_ids and labels for one example: prompt via the chat template, completion + EOS, prompt masked."""
+    prompt_ids = tokenizer(prompt_text(tokenizer, prompt), add_special_tokens=False)["input_ids"]
+    completion_ids = tokenizer(completion_text(tokenizer, completion), add_special_tokens=False)["input_ids"]
+    return {
+        "input_ids": prompt_ids + completion_ids,
+        "labels": [IGNORE_INDEX] * len(prompt_ids) + list(completion_ids),
+    }
+
+
+def tokenize_dataset(dataset: Any, tokenizer: Any, max_length: int, desc: str = "tokenize") -> tuple[Any, int]:
+    """Tokenize a `datasets.Dataset` with prompt/completion columns; returns (tokenized, number dropped)."""
+    for column in ("prompt", "completion"):
+        if column not in dataset.column_names:
+            raise ValueError(
+                f"dataset has no {column!r} column (columns: {dataset.column_names}); "
+                "build it with `simplan build`, which writes prompt (chat messages) and completion (text)"
+            )
+
+    def encode(batch: dict[str, list]) -> dict[str, list]:
+        prompts = [prompt_text(tokenizer, p) for p in batch["prompt"]]
+        completions = [completion_text(tokenizer, c) for c in batch["completion"]]
+        p_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
+        c_ids = tokenizer(completions, add_special_tokens=False)["input_ids"]
+        out: dict[str, list] = {"input_ids": [], "labels": [], "length": []}
+        for p, c in zip(p_ids, c_ids):
+            out["input_ids"].append(p + c)
+            out["labels"].append([IGNORE_INDEX] * len(p) + c)
+            out["length"].append(len(p) + len(c))
+        return out
+
+    tokenized = dataset.map(encode, batched=True, remove_columns=dataset.column_names, desc=desc)
+    before = len(tokenized)
+    tokenized = tokenized.filter(lambda n: n <= max_length, input_columns="length", desc=f"{desc}: length filter")
+    return tokenized, before - len(tokenized)
+
+
+@dataclass
+class PaddingCollator:
+    """Right-pads a batch to its longest example; padding is masked out and carries no loss."""
+
+    pad_token_id: int
+    pad_to_multiple_of: int | None = None
+
+    def __call__(self, features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        longest = max(len(f["input_ids"]) for f in features)
+        if self.pad_to_multiple_of:
+            longest = math.ceil(longest / self.pad_to_multiple_of) * self.pad_to_multiple_of
+        ids = torch.full((len(features), longest), self.pad_token_id, dtype=torch.long)
+        labels = torch.full((len(features), longest), IGNORE_INDEX, dtype=torch.long)
+        mask = torch.zeros((len(features), longest), dtype=torch.long)
+        for i, f in enumerate(features):
+            n = len(f["input_ids"])
+            ids[i, :n] = torch.tensor(f["input_ids"])
+            labels[i, :n] = torch.tensor(f["labels"])
+            mask[i, :n] = 1
+        return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+@dataclass
+class PackingCollator:
+    """Concatenates a batch into one row with position ids restarting at each example, and no padding.
+
+    Without an attention mask, transformers reads example boundaries from the position ids and
+    builds a block-diagonal causal mask (sdpa/eager) or calls varlen flash attention, so no token
+    attends to another example. Each example's first token is a prompt token (label -100), so no
+    loss crosses a boundary either.
+    """
+
+    def __call__(self, features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        ids: list[int] = []
+        labels: list[int] = []
+        positions: list[int] = []
+        for f in features:
+            ids += f["input_ids"]
+            labels += [IGNORE_INDEX] + list(f["labels"][1:])
+            positions += range(len(f["input_ids"]))
+        return {
+            "input_ids": torch.tensor([ids]),
+            "labels": torch.tensor([labels]),
+            "position_ids": torch.tensor([positions]),
+        }
+
+
+# ---------------------------------------------------------------------------------------------
+# The trainer: loss at completion positions only
+# ---------------------------------------------------------------------------------------------
+def completion_loss(
+    model: torch.nn.Module, inputs: dict[str, torch.Tensor], num_items_in_batch: torch.Tensor | int | None = None
+) -> torch.Tensor:
+    """Next-token cross-entropy over labelled positions, running the LM head only where labels are.
+
+    `logits_to_keep` (a tensor of sequence positions, shared by the batch) asks the model for
+    logits at the union of the batch's labelled positions; with length-grouped batches that is a
+    few dozen columns instead of hundreds, and with packing it is exact. Returns the sum over
+    labelled tokens divided by `num_items_in_batch` when given (the Trainer's token count over the
+    whole accumulated batch), else the mean.
+    """
+    labels = inputs["labels"]
+    shift_labels = labels[:, 1:]
+    valid = shift_labels != IGNORE_INDEX
+    keep = valid.any(dim=0).nonzero().squeeze(-1)  # positions t whose logits predict a label at t+1
+    if keep.numel() == 0:
+        keep = torch.zeros(1, dtype=torch.long, device=labels.device)
+    model_inputs = {k: v for k, v in inputs.items() if k != "labels"}
+    logits = model(**model_inputs, logits_to_keep=keep, use_cache=False).logits  # [B, len(keep), V]
+    targets = shift_labels[:, keep]
+    loss = torch.nn.functional.cross_entropy(
+        logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum"
+    )
+    if num_items_in_batch is None:
+        return loss / valid.sum().clamp(min=1)
+    if torch.is_tensor(num_items_in_batch):
+        num_items_in_batch = num_items_in_batch.to(loss.device)
+    return loss / num_items_in_batch
+
+
+def _accepts_logits_to_keep(model: torch.nn.Module) -> bool:
+    inner = model
+    while True:  # unwrap DDP/FSDP wrappers and peft
+        if hasattr(inner, "module") and isinstance(inner.module, torch.nn.Module):
+            inner = inner.module
+        elif hasattr(inner, "get_base_model"):
+            inner = inner.get_base_model()
+        else:
+            break
+    return "logits_to_keep" in inspect.signature(inner.forward).parameters
+
+
+class SimplanTrainer(Trainer):
+    """transformers Trainer that computes the LM head at completion positions only and counts tokens."""
+
+    def __init__(self, *args: Any, completion_only_logits: bool = True, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.completion_only_logits = completion_only_logits and _accepts_logits_to_keep(self.model)
+        self.tokens_seen = 0  # non-padding tokens trained on by this process
+        self._last_log = (time.perf_counter(), 0)
+
+    def compute_loss(
+        self,
+        model: torch.nn.Module,
+        inputs: dict[str, torch.Tensor],
+        return_outputs: bool = False,
+        num_items_in_batch: torch.Tensor | int | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, Any]:
+        if model.training:
+            mask = inputs.get("attention_mask")
+            self.tokens_seen += int(mask.sum()) if mask is not None else inputs["input_ids"].numel()
+        if not self.completion_only_logits:
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        if not self.model_accepts_loss_kwargs:
+            num_items_in_batch = None  # the Trainer then averages over gradient accumulation itself
+        loss = completion_loss(model, inputs, num_items_in_batch)
+        if self.args.average_tokens_across_devices and num_items_in_batch is not None:
+            loss = loss * self.accelerator.num_processes  # DDP averages gradients; undo it for a token mean
+        return (loss, {"loss": loss}) if return_outputs else loss
+
+    def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
+        if "loss" in logs:
+            now = time.perf_counter()
+            then, tokens_then = self._last_log
+            logs["tokens_seen"] = self.tokens_seen
+            logs["tokens_per_s"] = round((self.tokens_seen - tokens_then) / max(now - then, 1e-9), 1)
+            self._last_log = (now, self.tokens_seen)
+        super().log(logs, *args, **kwargs)
+
+
+class JsonlMetricsCallback(TrainerCallback):
+    """Appends every log record (train loss, eval loss, learning rate, tokens/s) to a JSONL file."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any) -> None:
+        if state.is_world_process_zero and logs:
+            record = {"step": state.global_step, "epoch": state.epoch, "time": round(time.time(), 3), **logs}
+            append_jsonl(self.path, [record])
+
+
+# ---------------------------------------------------------------------------------------------
+# Set-up helpers
+# ---------------------------------------------------------------------------------------------
+def bf16_supported() -> bool:
+    """bf16 autocast pays off on CUDA GPUs with bf16 and on CPUs with native bf16 (AVX512-BF16/AMX)."""
+    if torch.cuda.is_available():
+        return torch.cuda.is_bf16_supported()
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def use_bf16(train_args: TrainArguments) -> bool:
+    if train_args.bf16 == "auto":
+        return bf16_supported()
+    return train_args.bf16 == "true"
+
+
+def base_dtype(model_args: ModelArguments, bf16: bool) -> torch.dtype:
+    if model_args.dtype == "auto":
+        return torch.bfloat16 if bf16 else torch.float32
+    return getattr(torch, model_args.dtype)
+
+
+def report_to(train_args: TrainArguments) -> list[str]:
+    if train_args.report_to == "auto":
+        try:
+            import tensorboard  # noqa: F401
+
+            return ["tensorboard"]
+        except ImportError:
+            return []
+    if train_args.report_to in ("none", ""):
+        return []
+    return [r.strip() for r in train_args.report_to.split(",") if r.strip()]
+
+
+def linear_module_names(model: torch.nn.Module) -> list[str]:
+    """Short names of every linear layer but the LM head ("q_proj", ..., "down_proj").
+
+    peft's own "all-linear" writes one full path per layer into adapter_config.json; short names
+    are what vLLM's LoRA loader and other tools expect, and they read the same for any depth.
+    """
+    head = model.get_output_embeddings()
+    names = {
+        name.rsplit(".", 1)[-1]
+        for name, module in model.named_modules()
+        if isinstance(module, torch.nn.Linear) and module is not head
+    }
+    return sorted(names)
+
+
+def load_model_for_training(model_args: ModelArguments, lora_args: LoraArguments, bf16: bool) -> tuple[Any, str]:
+    """The base model with fresh LoRA adapters on it (peft), and the resolved model folder/id."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    path = resolve_model(model_args.model)
+    model = AutoModelForCausalLM.from_pretrained(
+        path, dtype=base_dtype(model_args, bf16), attn_implementation=model_args.attn_implementation
+    )
+    config = LoraConfig(
+        r=lora_args.lora_r,
+        lora_alpha=lora_args.lora_alpha,
+        lora_dropout=lora_args.lora_dropout,
+        target_modules=targets
+        if (targets := lora_args.target_modules()) != "all-linear"
+        else linear_module_names(model),
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, config), path
+
+
+def load_splits(data_args: DataArguments) -> tuple[Any, Any | None]:
+    from datasets import load_from_disk
+
+    folder = Path(data_args.dataset)
+    if (folder / "dataset" / "dataset_dict.json").exists():  # the `simplan build --out` folder
+        folder = folder / "dataset"
+    if not folder.exists():
+        raise FileNotFoundError(f"dataset: {folder} does not exist; build it with `simplan build --out {folder} ...`")
+    data = load_from_disk(str(folder))
+    if not hasattr(data, "keys"):
+        raise ValueError(
+            f"dataset: {folder} holds a single Dataset; expected a DatasetDict by fold from `simplan build`"
+        )
+    if data_args.train_split not in data:
+        raise ValueError(f"train_split: {data_args.train_split!r} is not a fold of {folder} (folds: {list(data)})")
+    train = data[data_args.train_split]
+    if data_args.max_train_examples:
+        train = train.select(range(min(len(train), data_args.max_train_examples)))
+    dev = None
+    if data_args.eval_split and data_args.eval_split in data and len(data[data_args.eval_split]):
+        dev = data[data_args.eval_split]
+        if data_args.max_eval_examples:
+            dev = dev.shuffle(seed=0).select(range(min(len(dev), data_args.max_eval_examples)))
+    return train, dev
+
+
+def _last_checkpoint(output_dir: Path) -> str | None:
+    from transformers.trainer_utils import get_last_checkpoint
+
+    return get_last_checkpoint(str(output_dir)) if output_dir.is_dir() else None
+
+
+def _save_adapter(model: Any, tokenizer: Any, out: Path) -> None:
+    """Write the PEFT adapter + tokenizer to `out` atomically (a crash leaves the old one intact)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def training_arguments(train_args: TrainArguments, bf16: bool, has_eval: bool) -> TrainingArguments:
+    eval_strategy = "steps" if has_eval and train_args.eval_steps > 0 else "no"
+    return TrainingArguments(
+        output_dir=train_args.output_dir,
+        num_train_epochs=train_args.num_train_epochs,
+        max_steps=train_args.max_steps,
+        learning_rate=train_args.learning_rate,
+        lr_scheduler_type=train_args.lr_scheduler_type,
+        warmup_steps=train_args.warmup_ratio,  # a float < 1 is a ratio of the total steps
+        weight_decay=train_args.weight_decay,
+        max_grad_norm=train_args.max_grad_norm,
+        per_device_train_batch_size=train_args.per_device_train_batch_size,
+        per_device_eval_batch_size=train_args.per_device_eval_batch_size,
+        gradient_accumulation_steps=train_args.gradient_accumulation_steps,
+        bf16=bf16,
+        use_cpu=not torch.cuda.is_available(),
+        gradient_checkpointing=train_args.gradient_checkpointing,
+        gradient_checkpointing_kwargs={"use_reentrant": False},
+        train_sampling_strategy="group_by_length" if train_args.batching == "group_by_length" else "random",
+        length_column_name="length",
+        eval_strategy=eval_strategy,
+        eval_steps=train_args.eval_steps or None,
+        prediction_loss_only=True,
+        save_strategy="steps",
+        save_steps=train_args.save_steps,
+        save_total_limit=train_args.save_total_limit,
+        logging_steps=train_args.logging_steps,
+        logging_first_step=True,
+        seed=train_args.seed,
+        data_seed=train_args.seed,
+        dataloader_num_workers=train_args.dataloader_num_workers,
+        remove_unused_columns=False,
+        report_to=report_to(train_args),
+        disable_tqdm=False,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Entry point
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class TrainResult:
+    output_dir: Path
+    adapter_dir: Path
+    metrics: dict[str, Any]
+
+
+def train(
+    model_args: ModelArguments, lora_args: LoraArguments, data_args: DataArguments, train_args: TrainArguments
+) -> TrainResult:
+    """Train a LoRA adapter; rerunning with the same output_dir resumes from its last checkpoint."""
+    if train_args.num_threads:
+        torch.set_num_threads(train_args.num_threads)
+    out = Path(train_args.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    bf16 = use_bf16(train_args)
+
+    tokenizer = load_tokenizer(model_args.model)
+    train_raw, dev_raw = load_splits(data_args)
+    train_ds, dropped_train = tokenize_dataset(train_raw, tokenizer, data_args.max_length, "tokenize train")
+    if len(train_ds) == 0:
+        raise ValueError(
+            f"max_length: all {dropped_train} training examples of {data_args.dataset} are longer than "
+            f"{data_args.max_length} tokens; raise max_length or rebuild the dataset with a smaller prompt budget"
+        )
+    dev_ds, dropped_dev = (None, 0)
+    if dev_raw is not None:
+        dev_ds, dropped_dev = tokenize_dataset(dev_raw, tokenizer, data_args.max_length, "tokenize dev")
+        dev_ds = dev_ds if len(dev_ds) else None
+
+    model, model_path = load_model_for_training(model_args, lora_args, bf16)
+    if train_args.gradient_checkpointing:
+        model.enable_input_require_grads()  # checkpointed blocks need a grad-requiring input under LoRA
+
+    resolved = {
+        **{k: v for c in (model_args, lora_args, data_args, train_args) for k, v in vars(c).items()},
+        "resolved_model": model_path,
+        "resolved_bf16": bf16,
+    }
+    write_text(out / "config.yaml", yaml.safe_dump(resolved, sort_keys=False))
+
+    collator = (
+        PackingCollator()
+        if train_args.batching == "packed"
+        else PaddingCollator(tokenizer.pad_token_id, pad_to_multiple_of=8 if torch.cuda.is_available() else None)
+    )
+    trainer = SimplanTrainer(
+        model=model,
+        args=training_arguments(train_args, bf16, dev_ds is not None),
+        train_dataset=train_ds,
+        eval_dataset=dev_ds,
+        data_collator=collator,
+        processing_class=tokenizer,
+        callbacks=[JsonlMetricsCallback(out / "metrics.jsonl")],
+        completion_only_logits=train_args.completion_only_logits,
+    )
+    checkpoint = _last_checkpoint(out) if train_args.resume else None
+    if checkpoint:
+        print(f"train: resuming from {checkpoint}", flush=True)
+    started = time.perf_counter()
+    result = trainer.train(resume_from_checkpoint=checkpoint)
+    seconds = time.perf_counter() - started
+
+    metrics: dict[str, Any] = dict(result.metrics)
+    if dev_ds is not None:
+        step = trainer.state.global_step
+        final = [r for r in trainer.state.log_history if "eval_loss" in r and r.get("step") == step]
+        metrics.update({k: v for k, v in final[-1].items() if k.startswith("eval_")} if final else trainer.evaluate())
+    trainable, total = model.get_nb_trainable_parameters()
+    metrics.update(
+        {
+            "global_step": trainer.state.global_step,
+            "resumed_from": checkpoint,
+            "train_examples": len(train_ds),
+            "train_dropped_over_max_length": dropped_train,
+            "eval_examples": len(dev_ds) if dev_ds is not None else 0,
+            "eval_dropped_over_max_length": dropped_dev,
+            "tokens_seen_this_run": trainer.tokens_seen,
+            "tokens_per_s": round(trainer.tokens_seen / max(seconds, 1e-9), 1),
+            "trainable_params": trainable,
+            "total_params": total,
+            "bf16": bf16,
+            "model": model_path,
+        }
+    )
+    adapter_dir = out / "adapter"
+    if trainer.is_world_process_zero():
+        _save_adapter(trainer.accelerator.unwrap_model(model), tokenizer, adapter_dir)
+        write_json(out / "metrics.json", metrics)
+        print(json.dumps({k: metrics[k] for k in sorted(metrics) if "loss" in k or k == "global_step"}), flush=True)
+        print(f"train: adapter saved to {adapter_dir}", flush=True)
+    return TrainResult(output_dir=out, adapter_dir=adapter_dir, metrics=metrics)
