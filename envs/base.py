@@ -149,3 +149,15 @@ class Env(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+def parse_command(text: str, max_chars: int = 200) -> Action:
+    """Strictly parse a text-game command: one non-empty line, whitespace collapsed, case kept."""
+    stripped = text.strip()
+    if not stripped:
+        raise ActionParseError("empty action: reply with one command, e.g. 'look around'")
+    if "\n" in stripped or "\r" in stripped:
+        raise ActionParseError(f"an action is a single line, got {len(stripped.splitlines())} lines: {text!r}")
+    if len(stripped) > max_chars:
+        raise ActionParseError(f"action longer than {max_chars} characters: {stripped[:60]!r}...")
+    return Action.command(" ".join(stripped.split()))

@@ -117,3 +117,30 @@ class JvmHandle(Generic[T]):
                 with contextlib.suppress(Exception):
                     proc.kill()
                     proc.wait(timeout=10)
+
+
+class JvmEnvLifecycle:
+    """Shared lifecycle of the JVM-backed adapters: `self._jvm` is their JvmHandle."""
+
+    _jvm: JvmHandle[Any]
+
+    @property
+    def jvm(self) -> JvmHandle[Any]:
+        """The JVM handle (starts/crashes counters; tests kill its process to exercise recovery)."""
+        return self._jvm
+
+    def close(self) -> None:
+        self._jvm.close()
+        self._task = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass

@@ -53,8 +53,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from simplan.envs.base import FOLDS, Action, ActionParseError, EnvCrashed, Observation, StepResult, Task
-from simplan.envs.jvm import JvmHandle
+from simplan.envs.base import FOLDS, Action, EnvCrashed, Observation, StepResult, Task, parse_command
+from simplan.envs.jvm import JvmEnvLifecycle, JvmHandle
 
 FREE_ACTIONS: tuple[str, ...] = ("look around", "inventory", "task", "wait", "wait1")
 VERB_ORDER: tuple[str, ...] = (
@@ -135,7 +135,7 @@ def filter_valid_actions(valid: list[str], task_name: str, limit: int | None) ->
     return kept if limit is None else kept[:limit]
 
 
-class ScienceWorldEnv:
+class ScienceWorldEnv(JvmEnvLifecycle):
     """simplan adapter over ScienceWorld (see the module docstring)."""
 
     name = "scienceworld"
@@ -331,36 +331,7 @@ class ScienceWorldEnv:
 
     def parse_action(self, text: str) -> Action:
         """One line of text = one command (whitespace collapsed)."""
-        stripped = text.strip()
-        if not stripped:
-            raise ActionParseError("empty action: reply with one command, e.g. 'look around'")
-        if "\n" in stripped or "\r" in stripped:
-            raise ActionParseError(f"an action is a single line, got {len(stripped.splitlines())} lines: {text!r}")
-        if len(stripped) > MAX_ACTION_CHARS:
-            raise ActionParseError(f"action longer than {MAX_ACTION_CHARS} characters: {stripped[:60]!r}...")
-        return Action.command(" ".join(stripped.split()))
-
-    # -- lifecycle ---------------------------------------------------------------------------
-    @property
-    def jvm(self) -> JvmHandle[Any]:
-        """The JVM handle (starts/crashes counters; tests kill its process to exercise recovery)."""
-        return self._jvm
-
-    def close(self) -> None:
-        self._jvm.close()
-        self._task = None
-
-    def __enter__(self) -> ScienceWorldEnv:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
+        return parse_command(text, MAX_ACTION_CHARS)
 
 
 def _clean_goal(task_desc: str) -> str:

@@ -55,8 +55,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from simplan.envs.base import FOLDS, Action, ActionParseError, EnvCrashed, Observation, StepResult, Task
-from simplan.envs.jvm import JvmHandle
+from simplan.envs.base import FOLDS, Action, EnvCrashed, Observation, StepResult, Task, parse_command
+from simplan.envs.jvm import JvmEnvLifecycle, JvmHandle
 
 GAMES: tuple[str, ...] = (
     "cookingworld",
@@ -121,7 +121,7 @@ def is_error_response(text: str) -> bool:
     return bool(_ERROR_RE.match(text))
 
 
-class TextWorldExpressEnv:
+class TextWorldExpressEnv(JvmEnvLifecycle):
     """simplan adapter over TextWorld-Express (see the module docstring)."""
 
     name = "twx"
@@ -325,34 +325,9 @@ class TextWorldExpressEnv:
 
     def parse_action(self, text: str) -> Action:
         """One line of text = one command (whitespace collapsed, case kept: TWX names are case-sensitive)."""
-        stripped = text.strip()
-        if not stripped:
-            raise ActionParseError("empty action: reply with one command, e.g. 'look around'")
-        if "\n" in stripped or "\r" in stripped:
-            raise ActionParseError(f"an action is a single line, got {len(stripped.splitlines())} lines: {text!r}")
-        if len(stripped) > MAX_ACTION_CHARS:
-            raise ActionParseError(f"action longer than {MAX_ACTION_CHARS} characters: {stripped[:60]!r}...")
-        return Action.command(" ".join(stripped.split()))
+        return parse_command(text, MAX_ACTION_CHARS)
 
-    # -- lifecycle ---------------------------------------------------------------------------
-    @property
-    def jvm(self) -> JvmHandle[Any]:
-        """The JVM handle (starts/crashes counters; tests kill its process to exercise recovery)."""
-        return self._jvm
-
+    # -- lifecycle (JvmEnvLifecycle: jvm, context manager, __del__) ----------------------------
     def close(self) -> None:
-        self._jvm.close()
+        super().close()
         self._loaded = None
-        self._task = None
-
-    def __enter__(self) -> TextWorldExpressEnv:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
