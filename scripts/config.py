@@ -63,7 +63,8 @@ def _add_field(parser: argparse.ArgumentParser, f: dataclasses.Field, hints: dic
         kwargs.update(type=str)
     if optional:
         kwargs["type"] = _none_or(kwargs["type"])
-    parser.add_argument(f"--{f.name.replace('_', '-')}", f"--{f.name}", **kwargs)
+    flags = dict.fromkeys([f"--{f.name.replace('_', '-')}", f"--{f.name}"])  # both spellings, once each
+    parser.add_argument(*flags, **kwargs)
 
 
 def _list_parser(inner: Any):
