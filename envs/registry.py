@@ -39,6 +39,10 @@ def make_env(name: str, **kwargs: Any) -> Env:
     module_name, _, attr = _BUILTIN[name].partition(":")
     try:
         module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ImportError(f"environment {name!r} needs a package that is not installed ({e}); run `make setup`") from e
+    except ModuleNotFoundError as e:
+        if (e.name or "").startswith("simplan"):
+            raise  # our own code is broken, not the set-up: show the real error
+        raise ImportError(
+            f"environment {name!r} needs the package {e.name!r}, which is not installed; run `make setup`"
+        ) from e
     return getattr(module, attr)(**kwargs)
