@@ -347,3 +347,18 @@ def test_same_episode_through_vllm_and_hf(vllm_engine, hf):
     got_actions, got = _episode(vllm_engine)
     assert got_actions == want_actions
     assert (got.status, got.steps, got.model_calls) == (want.status, want.steps, want.model_calls)
+
+
+def test_shared_prefix_scoring_equals_full_rows(tiny):
+    """The fast path (prompt once, KV cache repeated per candidate) gives the full-row logprobs."""
+    base, adapters = tiny
+    fast = make_engine("hf", base, adapters, dtype="float32", threads=1)
+    slow = make_engine("hf", base, adapters, dtype="float32", threads=1)
+    slow.shared_prefix_scoring = False
+    reqs = [
+        ScoreRequest(candidates=CHOICES + ["x"], adapter=a, messages=m) for m in PROMPTS for a in (None, "decider")
+    ]
+    for f, s in zip(fast.score(reqs), slow.score(reqs)):
+        assert f.logprobs == pytest.approx(s.logprobs, abs=1e-4)
+        assert f.num_tokens == s.num_tokens
+    assert len({round(x, 3) for x in fast.score(reqs[:1])[0].logprobs}) > 1  # candidates really differ

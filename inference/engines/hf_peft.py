@@ -50,6 +50,7 @@ class HFPeftEngine:
         dtype: str = "auto",
         threads: int | None = None,
         batch_size: int = 16,
+        shared_prefix_scoring: bool = True,
     ) -> None:
         import torch
         from transformers import AutoModelForCausalLM
@@ -61,6 +62,7 @@ class HFPeftEngine:
             torch.set_num_threads(threads)
         self.torch = torch
         self.batch_size = batch_size
+        self.shared_prefix_scoring = shared_prefix_scoring  # one prompt pass per ScoreRequest
         self.adapters = list(adapters or {})
         self.usage = EngineUsage()
         path = resolve_model(model)
@@ -249,13 +251,59 @@ class HFPeftEngine:
         for k, row in enumerate(rows):
             by_adapter[requests[row.request].adapter].append(k)
         for adapter, idx in by_adapter.items():
-            idx.sort(key=lambda k: len(rows[k].ids))  # similar lengths together: less padding
             with self._use(adapter):
+                if self.shared_prefix_scoring:
+                    by_request: dict[int, list[int]] = defaultdict(list)
+                    for k in idx:
+                        by_request[rows[k].request].append(k)
+                    for ks in by_request.values():
+                        for s in range(0, len(ks), self.batch_size):
+                            chunk = ks[s : s + self.batch_size]
+                            for k, v in zip(chunk, self._shared_prefix_logprobs([rows[k] for k in chunk])):
+                                values[k] = v
+                    continue
+                idx.sort(key=lambda k: len(rows[k].ids))  # similar lengths together: less padding
                 for s in range(0, len(idx), self.batch_size):
                     chunk = idx[s : s + self.batch_size]
                     for k, v in zip(chunk, self._row_logprobs([rows[k] for k in chunk])):
                         values[k] = v
         return score_results(requests, rows, values, lengths, 0.0)
+
+    def _shared_prefix_logprobs(self, rows: list[ScoreRow]) -> list[float]:
+        """Like `_row_logprobs` for rows that share one prompt: the prompt runs once, its KV cache is
+        repeated for every candidate, and only the candidates' own tokens are computed.
+
+        Scoring K valid actions after a ~600-token prompt then costs one prompt pass plus K x a few
+        tokens instead of K x 600: the planner's main cost on the CPU.
+        """
+        torch = self.torch
+        start = rows[0].start
+        prompt = rows[0].ids[:start]
+        assert all(r.start == start and r.ids[:start] == prompt for r in rows), "rows must share their prompt"
+        tails = [r.ids[start:] for r in rows]
+        width = max(len(t) for t in tails)
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        tail_ids = torch.tensor([t + [pad] * (width - len(t)) for t in tails])
+        tail_mask = torch.tensor([[1] * len(t) + [0] * (width - len(t)) for t in tails])
+        with torch.inference_mode():
+            out = self.model(input_ids=torch.tensor([prompt]), use_cache=True, logits_to_keep=1)
+            cache = out.past_key_values
+            cache.batch_repeat_interleave(len(rows))
+            mask = torch.cat([torch.ones(len(rows), start, dtype=tail_mask.dtype), tail_mask], dim=1)
+            positions = torch.arange(start, start + width).unsqueeze(0).expand(len(rows), -1)
+            logits = self.model(
+                input_ids=tail_ids, attention_mask=mask, position_ids=positions, past_key_values=cache
+            ).logits.float()
+        # The prompt's last position predicts each tail's first token; tail position t predicts t+1.
+        first = torch.log_softmax(out.logits[:, -1].float(), dim=-1)[0]
+        logps = torch.log_softmax(logits[:, :-1], dim=-1)
+        result = []
+        for i, t in enumerate(tails):
+            total = first[t[0]]
+            if len(t) > 1:
+                total = total + logps[i, torch.arange(len(t) - 1), torch.tensor(t[1:])].sum()
+            result.append(float(total))
+        return result
 
     def _row_logprobs(self, rows: list[ScoreRow]) -> list[float]:
         """Sum of logprobs of ids[start:] per row, in one forward pass over the left-padded batch."""
