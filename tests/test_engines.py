@@ -253,7 +253,10 @@ def test_serve_openai_backend_matches_hf(tiny, hf, tmp_path):
     with start_server(cfg, log_file=tmp_path / "server.log") as server:
         engine = make_engine("openai", base, list(adapters), base_url=server.base_url, api_key="test-key")
         reqs = greedy_batch(max_tokens=16)
-        assert texts(engine.generate(reqs)) == texts(hf.generate(reqs))
+        # vLLM holds back a trailing incomplete UTF-8 byte that hf decodes as U+FFFD (see the in-process test).
+        assert [t.rstrip("\ufffd") for t in texts(engine.generate(reqs))] == [
+            t.rstrip("\ufffd") for t in texts(hf.generate(reqs))
+        ]
         assert _episode(engine)[0] == _episode(hf)[0]  # the same episode through `simplan serve`
         sreq = [ScoreRequest(candidates=CHOICES, adapter=a, messages=PROMPTS[0]) for a in (None, *ADAPTER_NAMES)]
         for w, g in zip(hf.score(sreq), engine.score(sreq)):
