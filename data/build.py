@@ -24,9 +24,6 @@ from __future__ import annotations
 
 import glob
 import json
-import os
-import shutil
-import tempfile
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
@@ -35,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from simplan.data import format as fmt
-from simplan.data.io import iter_jsonl, write_json, write_jsonl, write_text
+from simplan.data.io import atomic_dir, iter_jsonl, write_json, write_jsonl, write_text
 from simplan.data.trajectory import STEP_SOURCES, Trajectory, validate_record
 from simplan.envs.base import FOLDS
 
@@ -404,22 +401,12 @@ def _save_dataset(rows: dict[str, list[dict[str, Any]]], folds: list[str], targe
             for fold in folds
         }
     )
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     bars_were_on = not are_progress_bars_disabled()
     if not progress:
         disable_progress_bars()
     try:
-        dd.save_to_disk(str(tmp))
-        if target.exists():
-            old = target.with_name(f".{target.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(target, old)
-            shutil.rmtree(old, ignore_errors=True)
-        os.replace(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        with atomic_dir(target) as tmp:
+            dd.save_to_disk(str(tmp))
     finally:
         if bars_were_on:
             enable_progress_bars()

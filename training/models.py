@@ -18,12 +18,12 @@ import hashlib
 import importlib.util
 import json
 import os
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from simplan.data.io import atomic_dir
 
 
 @dataclass(frozen=True)
@@ -125,9 +125,7 @@ def convert_gguf(spec: ModelSpec, out_dir: Path, progress: bool = True) -> Path:
     if missing or unexpected:
         raise RuntimeError(f"converting {spec.name}: missing {missing[:5]} unexpected {unexpected[:5]}")
     model = model.to(torch.bfloat16)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    try:
+    with atomic_dir(out_dir) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         manifest = {
@@ -139,12 +137,6 @@ def convert_gguf(spec: ModelSpec, out_dir: Path, progress: bool = True) -> Path:
             "seconds": round(time.time() - started, 1),
         }
         (tmp / "simplan_manifest.json").write_text(json.dumps(manifest, indent=2))
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.replace(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     if progress:
         print(f"models: saved {out_dir} in {time.time() - started:.0f} s", flush=True)
     return out_dir

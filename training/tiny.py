@@ -11,10 +11,9 @@ vLLM's CPU kernels (head_dim 64) while staying a few MB.
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
+from simplan.data.io import atomic_dir
 from simplan.training.models import DEFAULT_MODEL, REGISTRY, _package_folder, cache_dir
 
 TINY_VERSION = 2  # 2: EOS row not zero, final norm x8 (see tiny_model)
@@ -89,15 +88,7 @@ def tiny_model(
         # nats, so even a memorised token stays at p ~ 0.03; a x8 final norm lets LoRA make the model
         # confident within a few dozen steps (and keeps greedy argmaxes away from near-ties).
         model.get_decoder().norm.weight.fill_(final_norm)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with atomic_dir(out) as tmp:
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out

@@ -30,8 +30,6 @@ import inspect
 import json
 import math
 import os
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +40,7 @@ import yaml
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from simplan.data.format import completion_text, prompt_text
-from simplan.data.io import append_jsonl, write_json, write_text
+from simplan.data.io import append_jsonl, atomic_dir, write_json, write_text
 from simplan.training.config import DataArguments, LoraArguments, ModelArguments, TrainArguments
 from simplan.training.models import load_tokenizer, resolve_model
 
@@ -340,17 +338,9 @@ def _last_checkpoint(output_dir: Path) -> str | None:
 
 def _save_adapter(model: Any, tokenizer: Any, out: Path) -> None:
     """Write the PEFT adapter + tokenizer to `out` atomically (a crash leaves the old one intact)."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with atomic_dir(out) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def training_arguments(train_args: TrainArguments, bf16: bool, has_eval: bool) -> TrainingArguments:
