@@ -243,6 +243,19 @@ def test_eval_model_reports_base_and_adapter_side_by_side(trained, tiny: Path, d
     assert "| adapter |" in (tmp_path / "eval" / "metrics.md").read_text()
     lines = (tmp_path / "eval" / "predictions.jsonl").read_text().splitlines()
     assert len(lines) == 4 and json.loads(lines[0])["adapter"] == json.loads(lines[0])["gold"]
+    assert json.loads(lines[0])["adapter_exact"] is True
+    by_family = adapter["by_family"]  # the rows carry no family column: one group
+    assert list(by_family) == ["?"] and by_family["?"]["exact"] == 1.0
+
+
+def test_eval_model_limit_spreads_over_families() -> None:
+    from simplan.training.evaluate import spread_sample
+
+    families = ["cook"] * 6 + ["coin"] * 2 + ["twc"] * 4
+    assert spread_sample(families, 6) == [0, 1, 6, 7, 8, 9]
+    assert spread_sample(families, 9) == [0, 1, 2, 3, 6, 7, 8, 9, 10]
+    assert spread_sample(families, 50) == list(range(12))
+    assert spread_sample(families, 1) == [0]
 
 
 def test_simulator_metrics() -> None:

@@ -13,7 +13,12 @@ Simulator metrics: `exact`, `token_f1` (bag-of-words F1, lower-cased) and precis
 predicting an error observation: rows carry an `error` flag for their target, and a prediction
 counts as an error when it equals (normalised) one of the error observations seen in the dataset.
 
-Writes out/metrics.json, out/metrics.md and out/predictions.jsonl.
+Every metric is also broken down by task family (the dataset's `family` column). `--limit N` takes
+N rows spread evenly over the families (round robin, each family in fold order), so a small sample
+is not just the first game of the fold.
+
+Writes out/metrics.json, out/metrics.md and out/predictions.jsonl (gold, each variant's output and
+whether it matched exactly, per row).
 """
 
 from __future__ import annotations
@@ -40,7 +45,10 @@ class EvalModelConfig:
     )
     adapter: str = field(default="", metadata={"help": "PEFT adapter folder (train's output_dir/adapter); '' = base"})
     compare_base: bool = field(default=True, metadata={"help": "with --adapter, evaluate the base model too"})
-    limit: int = field(default=200, metadata={"help": "evaluate the first N rows of the fold (0: all)"})
+    limit: int = field(
+        default=200,
+        metadata={"help": "evaluate N rows spread evenly over the fold's task families, in fold order (0: all)"},
+    )
     batch_size: int = field(default=16, metadata={"help": "prompts per generate call"})
     max_new_tokens: int = field(
         default=0, metadata={"help": "generation cap (0: longest gold completion in the fold + 16 tokens)"}
@@ -164,8 +172,9 @@ def _load_rows(cfg: EvalModelConfig) -> tuple[list[dict[str, Any]], set[str]]:
     if cfg.fold not in data:
         raise ValueError(f"fold: {cfg.fold!r} is not in {folder} (folds: {list(data)})")
     split = data[cfg.fold]
-    if cfg.limit:
-        split = split.select(range(min(cfg.limit, len(split))))
+    if cfg.limit and cfg.limit < len(split):
+        families = split["family"] if "family" in split.column_names else [""] * len(split)
+        split = split.select(spread_sample(families, cfg.limit))
     error_texts: set[str] = set()
     if "error" in split.column_names:
         for name in data:
@@ -175,8 +184,30 @@ def _load_rows(cfg: EvalModelConfig) -> tuple[list[dict[str, Any]], set[str]]:
     return split.to_list(), error_texts
 
 
+def spread_sample(families: list[str], limit: int) -> list[int]:
+    """Indices of `limit` rows taken round robin over the families (first-seen order), each family in
+    row order: a sample that covers every family as evenly as its size allows."""
+    queues: dict[str, list[int]] = {}
+    for i, family in enumerate(families):
+        queues.setdefault(family, []).append(i)
+    picked: list[int] = []
+    depth = 0
+    while len(picked) < min(limit, len(families)):
+        for queue in queues.values():
+            if depth < len(queue) and len(picked) < limit:
+                picked.append(queue[depth])
+        depth += 1
+    return sorted(picked)
+
+
+def _cells(m: dict[str, Any], keys: list[str]) -> str:
+    return " | ".join(
+        "n/a" if m.get(k) is None else (f"{m[k]:.1%}" if isinstance(m[k], float) else str(m[k])) for k in keys
+    )
+
+
 def _table(results: dict[str, dict[str, Any]], cfg: EvalModelConfig) -> str:
-    keys = [k for k in next(iter(results.values())) if k != "seconds"]
+    keys = [k for k in next(iter(results.values())) if k not in ("seconds", "by_family")]
     lines = [
         f"# eval-model: {cfg.role} on {cfg.dataset} ({cfg.fold})",
         "",
@@ -185,12 +216,32 @@ def _table(results: dict[str, dict[str, Any]], cfg: EvalModelConfig) -> str:
         "| variant | " + " | ".join(keys) + " |",
         "|---" * (len(keys) + 1) + "|",
     ]
-    for name, m in results.items():
-        cells = [
-            "n/a" if m.get(k) is None else (f"{m[k]:.1%}" if isinstance(m[k], float) else str(m[k])) for k in keys
-        ]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += [f"| {name} | {_cells(m, keys)} |" for name, m in results.items()]
+    families = sorted({f for m in results.values() for f in m.get("by_family", {})})
+    if len(families) > 1:
+        lines += ["", "By task family:", "", "| variant | family | " + " | ".join(keys) + " |"]
+        lines.append("|---" * (len(keys) + 2) + "|")
+        for name, m in results.items():
+            lines += [f"| {name} | {f} | {_cells(m['by_family'][f], keys)} |" for f in families]
     return "\n".join(lines) + "\n"
+
+
+def _metrics(cfg: EvalModelConfig, preds: list[str], stopped: list[bool], rows: list[dict[str, Any]], errors: set[str]):
+    if cfg.role == "decider":
+        return decider_metrics(preds, stopped, rows)
+    return simulator_metrics(preds, stopped, rows, errors)
+
+
+def _by_family(
+    cfg: EvalModelConfig, preds: list[str], stopped: list[bool], rows: list[dict[str, Any]], errors: set[str]
+) -> dict[str, dict[str, Any]]:
+    groups: dict[str, list[int]] = {}
+    for i, r in enumerate(rows):
+        groups.setdefault(str(r.get("family") or "?"), []).append(i)
+    return {
+        family: _metrics(cfg, [preds[i] for i in idx], [stopped[i] for i in idx], [rows[i] for i in idx], errors)
+        for family, idx in sorted(groups.items())
+    }
 
 
 def evaluate(cfg: EvalModelConfig) -> dict[str, Any]:
@@ -232,10 +283,8 @@ def evaluate(cfg: EvalModelConfig) -> dict[str, Any]:
                 preds, stopped = generate(model, tokenizer, prompts, cfg.batch_size, max_new)
         else:
             preds, stopped = generate(model, tokenizer, prompts, cfg.batch_size, max_new)
-        if cfg.role == "decider":
-            metrics = decider_metrics(preds, stopped, rows)
-        else:
-            metrics = simulator_metrics(preds, stopped, rows, error_texts)
+        metrics = _metrics(cfg, preds, stopped, rows, error_texts)
+        metrics["by_family"] = _by_family(cfg, preds, stopped, rows, error_texts)
         metrics["seconds"] = round(time.perf_counter() - started, 1)
         results[variant] = metrics
         predictions[variant] = preds
@@ -249,8 +298,10 @@ def evaluate(cfg: EvalModelConfig) -> dict[str, Any]:
             {
                 "index": i,
                 "task_id": r.get("task_id"),
+                "family": r.get("family"),
                 "gold": r["completion"],
                 **{v: predictions[v][i] for v in variants},
+                **{f"{v}_exact": normalize(predictions[v][i]) == normalize(r["completion"]) for v in variants},
             }
             for i, r in enumerate(rows)
         ),
