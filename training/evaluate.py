@@ -226,7 +226,9 @@ def _table(results: dict[str, dict[str, Any]], cfg: EvalModelConfig) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _metrics(cfg: EvalModelConfig, preds: list[str], stopped: list[bool], rows: list[dict[str, Any]], errors: set[str]):
+def _metrics(
+    cfg: EvalModelConfig, preds: list[str], stopped: list[bool], rows: list[dict[str, Any]], errors: set[str]
+) -> dict[str, Any]:
     if cfg.role == "decider":
         return decider_metrics(preds, stopped, rows)
     return simulator_metrics(preds, stopped, rows, errors)
