@@ -210,6 +210,9 @@ def test_rerun_resumes_from_last_checkpoint(tiny: Path, dataset_dir: Path, tmp_p
     assert loss_steps == list(range(1, 9)), loss_steps  # steps 5-8 follow 1-4; no restart from step 1
     # 4 optimizer steps of batch 4 = one pass; the resumed run trained only the remaining ones.
     assert second.metrics["tokens_seen_this_run"] < first.metrics["tokens_seen_this_run"] * 1.5
+    # A changed recipe does not silently continue someone else's checkpoint.
+    with pytest.raises(ValueError, match=r"learning_rate: 0.003 -> 0.001.*--resume false"):
+        train(*_args(tiny, dataset_dir, out, max_steps=12, save_steps=4, eval_steps=0, learning_rate=1e-3))
 
 
 def test_config_validation_names_the_field() -> None:

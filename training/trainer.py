@@ -336,6 +336,41 @@ def _last_checkpoint(output_dir: Path) -> str | None:
     return get_last_checkpoint(str(output_dir)) if output_dir.is_dir() else None
 
 
+# Keys that may change between an interrupted run and its resumption without changing what is trained.
+RESUMABLE_CHANGES = frozenset(
+    {
+        "max_steps",
+        "num_threads",
+        "logging_steps",
+        "save_steps",
+        "save_total_limit",
+        "eval_steps",
+        "max_eval_examples",
+        "per_device_eval_batch_size",
+        "dataloader_num_workers",
+        "report_to",
+        "resume",
+    }
+)
+
+
+def check_resumable(out: Path, resolved: dict[str, Any]) -> None:
+    """Refuse to continue a checkpoint trained under a different recipe: the mix would be neither run."""
+    saved_path = out / "config.yaml"
+    if not saved_path.exists():
+        return
+    saved = yaml.safe_load(saved_path.read_text()) or {}
+    changed = sorted(
+        k for k in resolved.keys() & saved.keys() if k not in RESUMABLE_CHANGES and saved[k] != resolved[k]
+    )
+    if changed:
+        diffs = ", ".join(f"{k}: {saved[k]!r} -> {resolved[k]!r}" for k in changed)
+        raise ValueError(
+            f"output_dir: {out} holds checkpoints of a run with a different configuration ({diffs}); "
+            "give a new --output_dir, or --resume false to start over there"
+        )
+
+
 def _save_adapter(model: Any, tokenizer: Any, out: Path) -> None:
     """Write the PEFT adapter + tokenizer to `out` atomically (a crash leaves the old one intact)."""
     with atomic_dir(out) as tmp:
@@ -399,6 +434,10 @@ def train(
     out = Path(train_args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     bf16 = use_bf16(train_args)
+    arguments = {k: v for c in (model_args, lora_args, data_args, train_args) for k, v in vars(c).items()}
+    checkpoint = _last_checkpoint(out) if train_args.resume else None
+    if checkpoint:
+        check_resumable(out, arguments)
 
     tokenizer = load_tokenizer(model_args.model)
     train_raw, dev_raw = load_splits(data_args)
@@ -418,7 +457,7 @@ def train(
         model.enable_input_require_grads()  # checkpointed blocks need a grad-requiring input under LoRA
 
     resolved = {
-        **{k: v for c in (model_args, lora_args, data_args, train_args) for k, v in vars(c).items()},
+        **arguments,
         "resolved_model": model_path,
         "resolved_bf16": bf16,
     }
@@ -439,7 +478,6 @@ def train(
         callbacks=[JsonlMetricsCallback(out / "metrics.jsonl")],
         completion_only_logits=train_args.completion_only_logits,
     )
-    checkpoint = _last_checkpoint(out) if train_args.resume else None
     if checkpoint:
         print(f"train: resuming from {checkpoint}", flush=True)
     started = time.perf_counter()
