@@ -18,6 +18,9 @@ Rules (default severities):
     no_progress             warning no score increase for N steps (since the last replan)
     score_drop              error   the score fell by more than `min_drop`
     budget_nearly_exhausted warning the step or token budget crossed a fraction of its limit
+
+The planner adds one check of its own before each queued action (inference/planner.py):
+    not_valid_now           error   the next planned action is not among the real state's valid actions
 """
 
 from __future__ import annotations

@@ -19,10 +19,14 @@ From the command line: `simplan run --env toy --task corridor-100 --arm simplan 
 2. Judge: inference/judge.py scores each rollout with explicit parts; all are logged.
 3. Commit: the best rollout's actions are queued with their expectations (predicted observations),
    cut before the first predicted error.
-4. Act and watch: queued actions run for real with no model calls while nothing fires.
-5. Pivot: rules of inference/pivots.py; a fired pivot drops the queue, writes a failure note into
-   the prompt's failure memory, bans the failed action in that state, and replans from the real
-   state (within the replan budget).
+4. Act and watch: queued actions run for real with no model calls while nothing fires. Before each
+   queued action after a plan's first, when the env lists valid actions, the action must be among
+   them (pivot `not_valid_now`): a plan made for an imagined state is not tried in a real state
+   where it cannot apply.
+5. Pivot: rules of inference/pivots.py (after each real step) and `not_valid_now` (before one);
+   a fired pivot drops the queue and replans from the real state (within the replan budget); one
+   whose real action failed also writes a failure note into the prompt's failure memory and bans
+   the action in that state.
 6. Finish: only the env's `done`/`won` ends an episode as success or failure; budgets end it otherwise.
 """
 
@@ -85,6 +89,7 @@ from simplan.inference.trace import (
     EpisodeTrace,
     ImagineEvent,
     ParseFailureEvent,
+    PivotEvent,
     PlanItem,
     ReplanEvent,
     TraceEvent,
@@ -98,6 +103,7 @@ IMAGINED_ACTIONS = ("seen", "free")
 # memory, the judge down-weights it, and it is banned in the state where it failed.
 FAILURE_RULES = ("error_observation", "repeated_action", "score_drop", "no_progress")
 BAN_RULES = ("error_observation", "repeated_action")
+NOT_VALID_NOW = "not_valid_now"  # checked before acting, not by the monitor: see Planner._not_valid_now
 
 
 def _help(text: str) -> dict[str, str]:
@@ -575,13 +581,29 @@ class Planner:
         while True:
             if ep.steps >= b.max_steps:
                 return "budget_steps", False
-            if not queue:
+            fresh = not queue
+            if fresh:
                 if b.token_budget and ep.meter.tokens >= b.token_budget:
                     return "budget_tokens", False
                 t = time.perf_counter()
                 queue.extend(self.imagine(ep))
                 ep.planning_seconds += time.perf_counter() - t
             item = queue.popleft()
+            if monitor is not None and not fresh and (event := self._not_valid_now(ep, item)):
+                # Cheaper than failing for real: the env already says the plan went off course.
+                ep.trace.add(event, step=ep.steps)
+                ep.pivots += 1
+                if ep.replans >= b.max_replans:
+                    return "budget_replans", False
+                ep.replans += 1
+                ep.trace.add(
+                    ReplanEvent(reason=event.rule, replans=ep.replans, budget=b.max_replans, dropped=len(queue) + 1),
+                    step=ep.steps,
+                )
+                queue.clear()
+                monitor.reset()
+                ep.since_replan = 0
+                continue
             before_key = self._real_state_key(ep.obs)
             result = self._act(ep, item)
             if result.done:
@@ -636,6 +658,23 @@ class Planner:
             queue.clear()
             monitor.reset()
             ep.since_replan = 0
+
+    def _not_valid_now(self, ep: _Episode, item: Queued) -> PivotEvent | None:
+        """Pivot `not_valid_now` (error): a queued action is missing from the real state's valid actions.
+
+        Checked before acting on every queued action after a plan's first, when the env lists valid
+        actions: the imagined state the action was planned in is evidently not the real one."""
+        valid = ep.obs.valid_actions
+        if not valid or item.action.key() in {self._action_key_of_text(a) for a in valid}:
+            return None
+        text = render_action(item.action)
+        return PivotEvent(
+            rule=NOT_VALID_NOW,
+            severity="error",
+            evidence={"action": text, "valid_actions": len(valid)},
+            message=f"{text!r} is not among the {len(valid)} valid actions of the real state",
+            fired=True,
+        )
 
     def _act(self, ep: _Episode, item: Queued) -> StepResult:
         t = time.perf_counter()

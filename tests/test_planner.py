@@ -136,6 +136,37 @@ def test_mismatch_drops_the_queue_and_replans_from_the_real_state():
     assert acts[2].step == 3 and acts[2].model_calls > 0  # step 3 was planned again
 
 
+def test_a_planned_action_missing_from_the_real_valid_actions_replans_before_acting():
+    # After one step the decider imagines "open door" and the simulator believes it works; in the
+    # real room 2 it is not a valid action.
+    oracle = ToyOracle(TASK)
+
+    def decide(req, text):
+        return "open door" if len(prompt_actions(text)) == 1 else oracle.decide(req, text)
+
+    def simulate(req, text):
+        action = text.rsplit("Action: ", 1)[1].split("\n")[0].strip()
+        return "You unlock the door with the key and open it." if action == "open door" else oracle.simulate(req, text)
+
+    def episode(arm: str):
+        engine = ScriptedEngine(decide, simulate, oracle.score)
+        cfg = config(arm, k=1, horizon=2, imagined_actions="free", mismatch_threshold=0.0, max_steps=12)
+        return run(engine, cfg)
+
+    watched = episode("simplan")
+    pivot = events(watched, "pivot")[0]
+    assert pivot.rule == "not_valid_now" and pivot.fired and pivot.step == 1
+    assert pivot.evidence == {"action": "open door", "valid_actions": 5}
+    replan = events(watched, "replan")[0]
+    assert replan.reason == "not_valid_now" and replan.dropped == 1
+    acts = events(watched, "act")
+    assert acts[1].action != "open door" and not any(a.error for a in acts)
+    assert watched.summary.pivots_by_rule["not_valid_now"] >= 1
+    # the open-loop arm tries it for real, and fails
+    blind = events(episode("plan"), "act")
+    assert blind[1].action == "open door" and blind[1].error
+
+
 def test_open_loop_plan_arm_never_pivots():
     oracle = ToyOracle(TASK)
     engine = ScriptedEngine(oracle.decide, wrong_after_first_step(oracle), oracle.score)
