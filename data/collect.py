@@ -37,7 +37,9 @@ Policies (one episode id per task, policy and attempt: "{env}/{task_id}/{policy}
   steps before it repeat the expert path so the record keeps its real history).
 
 Steps keep the env's `info`; when an observation brings a new goal (a BFCL user turn),
-`info["goal"]` holds it. Episodes run grouped by family (a TWX game switch reloads the game).
+`info["goal"]` holds it, and when it changes the tool list (BFCL miss_func adds functions mid
+episode), `info["tools"]` holds the new list; dataset prompts follow both from step to step.
+Episodes run grouped by family (a TWX game switch reloads the game).
 
 Output is one append-only JSONL file of trajectory records (`simplan validate` checks it). Each
 finished episode is appended in one write with its split-off branches, so re-running the same
@@ -408,6 +410,8 @@ class Recorder:
         info = _jsonable(dict(result.info or {}))
         if obs.goal and obs.goal != self.traj.goal:  # multi-turn tool tasks: each user turn sets a new goal
             info["goal"] = obs.goal
+        if obs.tools is not None and before.tools is not None and obs.tools != before.tools:
+            info["tools"] = _jsonable(obs.tools)
         self.steps.append(
             Step(
                 index=len(self.steps),

@@ -177,6 +177,8 @@ def trajectory_states(
 ) -> list[PromptState]:
     """The PromptState before each step of a recorded trajectory: `states[i]` is what step i's actor saw.
 
+    Goal and tools are the trajectory's, updated by a step's `info["goal"]` / `info["tools"]` (set
+    by collection when an observation changes them) from the next step on.
     History is every earlier real transition (noise and failed ones included, marked `[failed]`),
     the most recent `max_history` of them when given; the failure memory holds `failure_note`s of
     the earlier failed steps, distinct, the most recent `max_failures`. History items are built once
@@ -184,10 +186,11 @@ def trajectory_states(
     """
     items = [history_item(s.action, s.next_observation, s.error) for s in traj.steps]
     states, failures = [], {}  # note -> None, in the order of each note's latest occurrence
-    goal = traj.goal
+    goal, tools = traj.goal, traj.tools
     for i, step in enumerate(traj.steps):
-        if i > 0 and traj.steps[i - 1].info.get("goal"):  # multi-turn tool tasks: a user turn sets a new goal
-            goal = traj.steps[i - 1].info["goal"]
+        if i > 0:  # multi-turn tool tasks: a user turn sets a new goal and may bring new tools
+            goal = traj.steps[i - 1].info.get("goal") or goal
+            tools = traj.steps[i - 1].info.get("tools") or tools
         start = 0 if max_history is None else max(0, i - max_history)
         notes = list(failures)
         if max_failures is not None:
@@ -198,7 +201,7 @@ def trajectory_states(
                 observation=step.observation,
                 history=items[start:i],
                 valid_actions=step.valid_actions,
-                tools=traj.tools,
+                tools=tools,
                 failures=notes,
             )
         )

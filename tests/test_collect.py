@@ -261,3 +261,31 @@ def test_twx_trajectories_validate(tmp_path):
     assert all(r["success"] for r in records if r["policy"] == "expert")
     assert any(s["source"] == "noise" for r in records for s in r["steps"])
     assert validate_file(tmp_path / "twx.jsonl").ok
+
+
+def test_tools_added_mid_episode_reach_the_dataset_prompts(tmp_path):
+    pytest.importorskip("bfcl_eval")
+    from simplan.data.format import trajectory_states
+
+    cfg = CollectConfig(
+        env="bfcl",
+        families=["multi_turn_miss_func"],
+        limit=3,
+        policies=["expert"],
+        out=str(tmp_path / "bfcl.jsonl"),
+        progress=False,
+    )
+    assert collect(cfg).written == 3
+    checked = 0
+    for record in _records(tmp_path / "bfcl.jsonl"):
+        traj = Trajectory.from_dict(record)
+        states = trajectory_states(traj)
+        first = {t["name"] for t in traj.tools}
+        for i, step in enumerate(traj.steps[:-1]):
+            if "tools_added" in step.info:  # the env released withheld functions with this observation
+                added = set(step.info["tools_added"])
+                assert {t["name"] for t in step.info["tools"]} >= added and not added & first
+                assert not added & {t["name"] for t in states[i].tools}
+                assert added <= {t["name"] for t in states[i + 1].tools}
+                checked += 1
+    assert checked >= 1
