@@ -24,7 +24,8 @@ From the command line: `simplan run --env toy --task corridor-100 --arm simplan 
    them (pivot `not_valid_now`): a plan made for an imagined state is not tried in a real state
    where it cannot apply.
 5. Pivot: rules of inference/pivots.py (after each real step) and `not_valid_now` (before one);
-   a fired pivot drops the queue and replans from the real state (within the replan budget); one
+   a fired pivot drops the queue and replans from the real state (within the replan budget; once it
+   is spent the loop goes on one decided action at a time, or stops with `on_replan_budget=stop`); one
    whose real action failed also writes a failure note into the prompt's failure memory and bans
    the action in that state.
 6. Finish: only the env's `done`/`won` ends an episode as success or failure; budgets end it otherwise.
@@ -98,6 +99,7 @@ from simplan.inference.trace import (
 )
 
 PROPOSE_MODES = ("auto", "score", "sample")
+ON_REPLAN_BUDGET = ("react", "stop")
 IMAGINED_ACTIONS = ("seen", "free")
 # Pivot rules whose firing means the last action itself went wrong: its note goes to the failure
 # memory, the judge down-weights it, and it is banned in the state where it failed.
@@ -144,6 +146,10 @@ class PlannerConfig:
     )
     max_steps: int = field(default=50, metadata=_help("real actions per episode"))
     max_replans: int = field(default=10, metadata=_help("pivot-triggered replans per episode"))
+    on_replan_budget: str = field(
+        default="react",
+        metadata=_help("when the replans are spent: react (act one decided step at a time) or stop the episode"),
+    )
     token_budget: int = field(default=0, metadata=_help("model tokens (prompt + completion) per episode; 0 = none"))
     family_budgets: dict = field(
         default_factory=dict,
@@ -201,6 +207,7 @@ class PlannerConfig:
             ("max_history", self.max_history >= 0, ">= 0"),
             ("max_steps", self.max_steps >= 1, ">= 1"),
             ("max_replans", self.max_replans >= 0, ">= 0"),
+            ("on_replan_budget", self.on_replan_budget in ON_REPLAN_BUDGET, f"one of {ON_REPLAN_BUDGET}"),
             ("token_budget", self.token_budget >= 0, ">= 0 (0 = no limit)"),
             ("mismatch_threshold", 0.0 <= self.mismatch_threshold <= 1.0, "in [0, 1]"),
             ("repeat_limit", self.repeat_limit >= 2, ">= 2"),
@@ -269,12 +276,13 @@ class Router:
             setattr(b, key, int(value))
         return b
 
-    def horizon(self, budgets: Budgets, margin: float | None, steps_left: int, degraded: bool) -> tuple[int, str]:
-        """(horizon for this decision, why it differs from the budget's horizon or '')."""
+    def horizon(self, budgets: Budgets, margin: float | None, steps_left: int, degraded: str) -> tuple[int, str]:
+        """(horizon for this decision, why it differs from the budget's horizon or ''); `degraded`: why
+        the episode acts without simulation from now on, '' when it does not."""
         if budgets.horizon == 0:
             return 0, ""
         if degraded:
-            return 0, "budget nearly exhausted: acting without simulation"
+            return 0, f"{degraded}: acting without simulation"
         if self.config.adaptive and margin is not None and margin >= self.config.confident_margin:
             return 0, f"decider confident (margin {margin:.2f} >= {self.config.confident_margin}): no simulation"
         return max(0, min(budgets.horizon, steps_left)), ""
@@ -445,7 +453,7 @@ class _Episode:
     pivots: int = 0
     parse_failures: int = 0
     since_replan: int = 0
-    degraded: bool = False
+    degraded: str = ""  # why the loop acts without simulation from now on ("" = it does not)
     calls_at_last_act: int = 0
     prompt_at_last_act: int = 0
     completion_at_last_act: int = 0
@@ -592,17 +600,9 @@ class Planner:
             if monitor is not None and not fresh and (event := self._not_valid_now(ep, item)):
                 # Cheaper than failing for real: the env already says the plan went off course.
                 ep.trace.add(event, step=ep.steps)
-                ep.pivots += 1
-                if ep.replans >= b.max_replans:
-                    return "budget_replans", False
-                ep.replans += 1
-                ep.trace.add(
-                    ReplanEvent(reason=event.rule, replans=ep.replans, budget=b.max_replans, dropped=len(queue) + 1),
-                    step=ep.steps,
-                )
-                queue.clear()
-                monitor.reset()
-                ep.since_replan = 0
+                queue.appendleft(item)  # dropped with the rest of the plan
+                if stop := self._pivot(ep, [event], item, None, queue, monitor):
+                    return stop, False
                 continue
             before_key = self._real_state_key(ep.obs)
             result = self._act(ep, item)
@@ -626,38 +626,60 @@ class Planner:
             fired = [e for e in events if e.fired]
             if not fired or ep.steps >= b.max_steps:
                 continue  # (the step budget ends the episode at the top of the loop: no replan to spend)
-            ep.pivots += len(fired)
-            if ep.replans >= b.max_replans:
-                return "budget_replans", False
-            ep.replans += 1
-            names = [e.rule for e in fired]
-            note, banned = None, []
-            if any(n in FAILURE_RULES for n in names):
-                note = self._remember_failure(ep, item.action)
-                ep.memory.failed_actions.add(item.action.key())
-            if any(n in BAN_RULES for n in names):
-                # A failed action rarely changes the world, so the state after it is the same place
-                # under another description: ban the action under both keys.
-                keys = {before_key, self._real_state_key(ep.obs)} if result.observation.error else {before_key}
-                for k in keys:
-                    ep.bans.setdefault(k, set()).add(item.action.key())
-                banned = [render_action(item.action)]
-            if "budget_nearly_exhausted" in names:
-                ep.degraded = True
-            ep.trace.add(
-                ReplanEvent(
-                    reason=",".join(names),
-                    replans=ep.replans,
-                    budget=b.max_replans,
-                    dropped=len(queue),
-                    banned=banned,
-                    failure_note=note,
-                ),
-                step=ep.steps,
-            )
-            queue.clear()
-            monitor.reset()
-            ep.since_replan = 0
+            if stop := self._pivot(ep, fired, item, (result, before_key), queue, monitor):
+                return stop, False
+
+    def _pivot(
+        self,
+        ep: _Episode,
+        fired: list[PivotEvent],
+        item: Queued,
+        acted: tuple[StepResult, str] | None,
+        queue: deque[Queued],
+        monitor: PivotMonitor,
+    ) -> str | None:
+        """Handle fired pivots: learn from the failed action, drop the queue, replan (or stop, or turn
+        reactive once the replan budget is spent). `acted`: the step's result and the state key before
+        it, None when the pivot fired before acting. Returns an end status, or None to go on."""
+        b = ep.budgets
+        ep.pivots += len(fired)
+        names = [e.rule for e in fired]
+        note, banned = None, []
+        if acted is not None and any(n in FAILURE_RULES for n in names):
+            note = self._remember_failure(ep, item.action)
+            ep.memory.failed_actions.add(item.action.key())
+        if acted is not None and any(n in BAN_RULES for n in names):
+            # A failed action rarely changes the world, so the state after it is the same place
+            # under another description: ban the action under both keys.
+            result, before_key = acted
+            keys = {before_key, self._real_state_key(ep.obs)} if result.observation.error else {before_key}
+            for k in keys:
+                ep.bans.setdefault(k, set()).add(item.action.key())
+            banned = [render_action(item.action)]
+        if "budget_nearly_exhausted" in names:
+            ep.degraded = ep.degraded or "budget nearly exhausted"
+        dropped = len(queue)
+        queue.clear()
+        monitor.reset()
+        ep.since_replan = 0
+        if ep.replans >= b.max_replans:
+            if self.config.on_replan_budget == "stop":
+                return "budget_replans"
+            ep.degraded = "replan budget spent"  # from now on one action per decision: nothing to replan
+            return None
+        ep.replans += 1
+        ep.trace.add(
+            ReplanEvent(
+                reason=",".join(names),
+                replans=ep.replans,
+                budget=b.max_replans,
+                dropped=dropped,
+                banned=banned,
+                failure_note=note,
+            ),
+            step=ep.steps,
+        )
+        return None
 
     def _not_valid_now(self, ep: _Episode, item: Queued) -> PivotEvent | None:
         """Pivot `not_valid_now` (error): a queued action is missing from the real state's valid actions.

@@ -208,12 +208,24 @@ def test_step_budget_ends_the_episode():
     assert result.summary.status == "budget_steps" and result.summary.steps == 2 and not result.summary.success
 
 
-def test_replan_budget_ends_the_episode():
+def test_replan_budget_ends_the_episode_when_asked_to():
+    oracle = ToyOracle(TASK)
+    engine = ScriptedEngine(oracle.decide, lambda req, text: "Something else entirely.", oracle.score)
+    result = run(engine, config(max_replans=1, on_replan_budget="stop"))
+    s = result.summary
+    assert s.status == "budget_replans" and s.replans == 1 and s.pivots == 2 and s.steps == 2
+
+
+def test_spent_replan_budget_turns_the_loop_reactive():
     oracle = ToyOracle(TASK)
     engine = ScriptedEngine(oracle.decide, lambda req, text: "Something else entirely.", oracle.score)
     result = run(engine, config(max_replans=1))
     s = result.summary
-    assert s.status == "budget_replans" and s.replans == 1 and s.pivots == 2 and s.steps == 2
+    assert s.success and s.replans == 1 and s.steps == 5  # the expert path, decided one step at a time
+    imagines = events(result, "imagine")
+    assert [e.horizon for e in imagines[:2]] == [3, 3]
+    assert all(e.horizon == 0 and "replan budget spent" in e.reason for e in imagines[2:])
+    assert len(imagines) == 5 and len(events(result, "replan")) == 1
 
 
 def test_token_budget_ends_the_episode():
