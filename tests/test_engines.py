@@ -155,9 +155,29 @@ def test_hf_stop_strings(hf):
     assert cut.completions[0].finish_reason == "stop"
 
 
-def test_hf_rejects_regex_and_unknown_adapter(hf):
-    with pytest.raises(NotImplementedError, match="regex"):
-        hf.generate([GenerationRequest(messages=PROMPTS[0], regex="go (north|south)")])
+def test_hf_regex_and_json_constraints(hf):
+    pytest.importorskip("xgrammar")
+    import json
+
+    pattern = r"(go|take) (north|key)"
+    reqs = [
+        GenerationRequest(adapter=a, messages=p, regex=pattern, max_tokens=16)
+        for a in ("decider", None)
+        for p in PROMPTS
+    ]
+    reqs.append(GenerationRequest(messages=PROMPTS[0], regex=pattern, max_tokens=16, n=6, temperature=1.5, seed=1))
+    for res in hf.generate(reqs):
+        for c in res.completions:
+            assert c.text in ("go north", "go key", "take north", "take key") and c.finish_reason == "stop"
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    (js,) = hf.generate([GenerationRequest(messages=PROMPTS[1], json_schema=schema, max_tokens=24)])
+    if js.completions[0].finish_reason == "stop":  # a random model may run out of tokens inside the number
+        assert isinstance(json.loads(js.completions[0].text)["n"], int)
+    else:
+        assert js.completions[0].text.startswith('{"n":')
+
+
+def test_hf_rejects_an_unknown_adapter(hf):
     with pytest.raises(KeyError, match="planner"):
         hf.generate([GenerationRequest(adapter="planner", messages=PROMPTS[0])])
 

@@ -8,12 +8,15 @@ Requests are grouped by adapter (and sampling settings); each group runs as left
 `generate` calls with that adapter active (`set_adapter`), base-model requests under
 `disable_adapter()`. Constrained decoding supports `choices` exactly (every choice is scored with
 the model and the best one taken, or n are sampled from the choices' distribution); `regex` and
-`json_schema` need a grammar engine and raise NotImplementedError (use the vllm or openai backend).
+`json_schema` go through xgrammar (the grammar engine vLLM uses, installed with it) as a logits
+processor, compiled once per pattern; JSON is generated compact (no free whitespace). Without
+xgrammar they raise NotImplementedError naming what to install.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -78,6 +81,9 @@ class HFPeftEngine:
             for name, adapter_path in items[1:]:
                 self.model.load_adapter(adapter_path, adapter_name=name)
         self.model.eval()
+        self.vocab_size = int(base.config.vocab_size)
+        self._grammars: dict[tuple[str, str], Any] = {}  # (kind, pattern) -> xgrammar CompiledGrammar
+        self._grammar_compiler: Any = None
         self.eos_id = self.tokenizer.eos_token_id
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_id
 
@@ -98,12 +104,7 @@ class HFPeftEngine:
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         for r in requests:
             check_adapter(r.adapter, self.adapters, BACKEND)
-            if r.regex is not None or r.json_schema is not None:
-                option = "regex" if r.regex is not None else "json_schema"
-                raise NotImplementedError(
-                    f"{BACKEND} backend: constrained decoding by {option} is not supported (it needs a grammar "
-                    "engine); use choices=, or the vllm / openai backend"
-                )
+            self._grammar(r)  # compile (or refuse) before any work
         results: list[GenerationResult | None] = [None] * len(requests)
         with timer() as t:
             free: dict[tuple, list[int]] = defaultdict(list)
@@ -111,7 +112,17 @@ class HFPeftEngine:
                 if r.choices is not None:
                     results[i] = self._choose(r)
                 else:
-                    key = (r.adapter, r.n, r.temperature, r.top_p, r.max_tokens, tuple(r.stop), r.seed, r.logprobs)
+                    key = (
+                        r.adapter,
+                        r.n,
+                        r.temperature,
+                        r.top_p,
+                        r.max_tokens,
+                        tuple(r.stop),
+                        r.seed,
+                        r.logprobs,
+                        _grammar_key(r),
+                    )
                     free[key].append(i)
             for idx in free.values():
                 step = max(1, self.batch_size // requests[idx[0]].n)  # batch_size counts rows (prompts x n)
@@ -124,6 +135,31 @@ class HFPeftEngine:
             r.seconds = t[0] / len(out)
         account(self.usage, out, t[0])
         return out
+
+    def _grammar(self, r: GenerationRequest) -> Any:
+        """The compiled xgrammar grammar of a regex / json_schema request (cached), or None."""
+        key = _grammar_key(r)
+        if key is None:
+            return None
+        if key not in self._grammars:
+            try:
+                import xgrammar as xgr
+            except ImportError as e:
+                raise NotImplementedError(
+                    f"{BACKEND} backend: constrained decoding by {key[0]} needs xgrammar (pip install xgrammar, or "
+                    "install vllm, which brings it); or use choices=, or the vllm / openai backend"
+                ) from e
+            if self._grammar_compiler is None:
+                info = xgr.TokenizerInfo.from_huggingface(
+                    self.tokenizer, vocab_size=self.vocab_size, stop_token_ids=[self.eos_id]
+                )
+                self._grammar_compiler = xgr.GrammarCompiler(info)
+            kind, pattern = key
+            if kind == "regex":
+                self._grammars[key] = self._grammar_compiler.compile_regex(pattern)
+            else:
+                self._grammars[key] = self._grammar_compiler.compile_json_schema(pattern, any_whitespace=False)
+        return self._grammars[key]
 
     def _left_pad(self, rows: Sequence[list[int]]) -> tuple[Any, Any]:
         width = max(len(r) for r in rows)
@@ -158,12 +194,19 @@ class HFPeftEngine:
         )
         if r0.seed is not None:
             torch.manual_seed(r0.seed)
+        grammar = self._grammar(r0)
+        processors = None
+        if grammar is not None:
+            from xgrammar.contrib.hf import LogitsProcessor
+
+            processors = [LogitsProcessor(grammar)]  # single use: one per generate call
         with self._use(r0.adapter), torch.inference_mode():
             out = self.model.generate(
                 input_ids=ids,
                 attention_mask=mask,
                 generation_config=gen,
                 tokenizer=self.tokenizer if r0.stop else None,
+                logits_processor=processors,
             )
         new = out.sequences[:, ids.shape[1] :].tolist()
         logps = None
@@ -328,3 +371,11 @@ class HFPeftEngine:
 
     def close(self) -> None:
         self.model = None
+
+
+def _grammar_key(r: GenerationRequest) -> tuple[str, str] | None:
+    if r.regex is not None:
+        return ("regex", r.regex)
+    if r.json_schema is not None:
+        return ("json", json.dumps(r.json_schema, sort_keys=True))
+    return None
