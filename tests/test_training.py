@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -318,3 +319,58 @@ def test_packed_batches_with_gradient_checkpointing_train(tiny: Path, dataset_di
     losses = [r["loss"] for r in logs if "loss" in r]
     assert len(losses) == 6 and all(math.isfinite(x) for x in losses) and losses[-1] < losses[0]
     assert result.metrics["global_step"] == 6 and math.isfinite(result.metrics["eval_loss"])
+
+
+def test_two_process_ddp_matches_one_process(tiny: Path, tmp_path: Path) -> None:
+    """torchrun with 2 CPU processes (gloo) trains the same step as one process on the whole batch:
+    the loss is a token mean over both processes' examples, and one adapter is written."""
+    import socket
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+
+    data = tmp_path / "ds"
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(_rows(1))}).save_to_disk(str(data))  # 4 rows
+    one = train(*_args(tiny, data, tmp_path / "one", max_steps=1, eval_steps=0, save_steps=1))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    flags = {
+        "model": tiny,
+        "dataset": data,
+        "output_dir": tmp_path / "ddp",
+        "max_length": 512,
+        "lora_r": 8,
+        "lora_alpha": 16,
+        "lora_dropout": 0.0,
+        "max_steps": 1,
+        "learning_rate": 3e-3,
+        "warmup_ratio": 0.0,
+        "lr_scheduler_type": "constant",
+        "per_device_train_batch_size": 2,
+        "logging_steps": 1,
+        "eval_steps": 0,
+        "save_steps": 1,
+        "bf16": "false",
+        "report_to": "none",
+        "seed": 0,
+        "num_threads": 1,
+    }
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1"]
+    cmd += ["--master_port", str(port), "-m", "simplan.scripts.cli", "train"]
+    cmd += [x for k, v in flags.items() for x in (f"--{k}", str(v))]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+    def first_loss(out: Path) -> float:
+        records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        return next(r["loss"] for r in records if "loss" in r)
+
+    assert first_loss(tmp_path / "ddp") == pytest.approx(first_loss(tmp_path / "one"), rel=1e-4)
+    assert json.loads((tmp_path / "ddp" / "metrics.json").read_text())["global_step"] == 1
+    want = load_file(str(one.adapter_dir / "adapter_model.safetensors"))
+    got = load_file(str(tmp_path / "ddp" / "adapter" / "adapter_model.safetensors"))
+    assert want.keys() == got.keys()
+    for k in want:
+        assert torch.allclose(got[k], want[k], atol=1e-5), k

@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 import yaml
-from transformers import Trainer, TrainerCallback, TrainingArguments
+from transformers import Trainer, TrainerCallback, TrainingArguments, set_seed
 
 from simplan.data.format import completion_text, prompt_text
 from simplan.data.io import append_jsonl, atomic_dir, write_json, write_text
@@ -452,6 +452,7 @@ def train(
         dev_ds, dropped_dev = tokenize_dataset(dev_raw, tokenizer, data_args.max_length, "tokenize dev")
         dev_ds = dev_ds if len(dev_ds) else None
 
+    set_seed(train_args.seed)  # LoRA's A matrices are drawn here, before the Trainer seeds anything
     model, model_path = load_model_for_training(model_args, lora_args, bf16)
     if train_args.gradient_checkpointing:
         model.enable_input_require_grads()  # checkpointed blocks need a grad-requiring input under LoRA
