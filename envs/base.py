@@ -112,6 +112,9 @@ class Observation:
     text: str
     goal: str = ""
     valid_actions: list[str] | None = None
+    # True: valid_actions is every action the env accepts now; False: a hint (a filtered or capped
+    # list, e.g. ScienceWorld's), so an action missing from it may still work.
+    valid_actions_complete: bool = True
     tools: list[dict[str, Any]] | None = None  # JSON-schema tool descriptions (tool envs)
     error: bool = False  # the last action failed or was invalid
 

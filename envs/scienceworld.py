@@ -27,7 +27,9 @@ not a superset of what the simulator accepts (the gold path often uses other obj
 3. the first `max_valid_actions` (default 100; None keeps all) are kept.
 `info["num_valid"]` gives the size of ScienceWorld's full list; `all_valid_actions()` returns it.
 When ScienceWorld asks which object was meant ("Ambiguous request: Please enter the number ..."),
-the valid actions are the option numbers ("0", "1", ...), as in its gold paths.
+the valid actions are the option numbers ("0", "1", ...), as in its gold paths. Observations say
+`valid_actions_complete=False` except for those option lists: the planner then does not treat an
+action missing from the list as impossible.
 
 Errors. `Observation.error` is True when ScienceWorld's answer says the input was not understood or
 did nothing ("No known action matches that input.", "I'm not sure ...", "... can't ...", "... isn't
@@ -162,6 +164,7 @@ class ScienceWorldEnv(JvmEnvLifecycle):
         self._goal = ""
         self._valid_all: list[str] = []
         self._valid: list[str] = []
+        self._valid_complete = False
         self._plan: list[Action] | None = None
         self._plan_error = ""
         self._steps = 0
@@ -255,15 +258,19 @@ class ScienceWorldEnv(JvmEnvLifecycle):
         else:
             self._plan = [Action.command(a) for a in gold if not _SELF_MOVE_RE.match(a)]
         self._set_valid(obs, info)
-        return Observation(text=obs, goal=self._goal, valid_actions=list(self._valid))
+        return Observation(
+            text=obs, goal=self._goal, valid_actions=list(self._valid), valid_actions_complete=self._valid_complete
+        )
 
     def _set_valid(self, text: str, info: dict[str, Any]) -> None:
         self._valid_all = [str(a) for a in info.get("valid", [])]
         if text.startswith(AMBIGUOUS_PREFIX):
             self._valid = _OPTION_RE.findall(text)
+            self._valid_complete = True  # the question's numbered options are all there is
         else:
             task_name = self._task.family if self._task else ""
             self._valid = filter_valid_actions(self._valid_all, task_name, self.max_valid_actions)
+            self._valid_complete = False  # ScienceWorld accepts actions its list does not show
 
     def step(self, action: Action) -> StepResult:
         if self._task is None:
@@ -310,7 +317,13 @@ class ScienceWorldEnv(JvmEnvLifecycle):
             "ambiguous": text.startswith(AMBIGUOUS_PREFIX),
         }
         return StepResult(
-            observation=Observation(text=text, goal=self._goal, valid_actions=list(self._valid), error=error),
+            observation=Observation(
+                text=text,
+                goal=self._goal,
+                valid_actions=list(self._valid),
+                valid_actions_complete=self._valid_complete,
+                error=error,
+            ),
             reward=score - before,
             score=score,
             done=self._done,

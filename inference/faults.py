@@ -25,6 +25,7 @@ then [.., + perturb) -> perturb, so each kind fires at exactly its configured ra
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import random
@@ -178,13 +179,7 @@ class FaultyEnv:
             self._last = result
             if kind == "perturb":
                 obs = result.observation
-                altered = Observation(
-                    text=perturb_text(obs.text, rng),
-                    goal=obs.goal,
-                    valid_actions=obs.valid_actions,
-                    tools=obs.tools,
-                    error=obs.error,
-                )
+                altered = dataclasses.replace(obs, text=perturb_text(obs.text, rng))
                 result = StepResult(altered, result.reward, result.score, result.done, result.won, dict(result.info))
         if kind is not None:
             self._fired += 1
@@ -199,7 +194,7 @@ class FaultyEnv:
             text = TRANSIENT_TEXT
         else:
             text = json.dumps({"error": TOOL_ERROR_TEXT.format(name=action.name)})
-        obs = Observation(text=text, goal=prev.goal, valid_actions=prev.valid_actions, tools=prev.tools, error=True)
+        obs = dataclasses.replace(prev, text=text, error=True)
         return StepResult(obs, reward=0.0, score=last.score, done=False, won=False, info={"injected": True})
 
     def expert_plan(self) -> list[Action]:

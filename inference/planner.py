@@ -20,7 +20,7 @@ From the command line: `simplan run --env toy --task corridor-100 --arm simplan 
 3. Commit: the best rollout's actions are queued with their expectations (predicted observations),
    cut before the first predicted error.
 4. Act and watch: queued actions run for real with no model calls while nothing fires. Before each
-   queued action after a plan's first, when the env lists valid actions, the action must be among
+   queued action after a plan's first, when the env lists all valid actions, it must be among
    them (pivot `not_valid_now`): a plan made for an imagined state is not tried in a real state
    where it cannot apply.
 5. Pivot: rules of inference/pivots.py (after each real step) and `not_valid_now` (before one);
@@ -684,10 +684,13 @@ class Planner:
     def _not_valid_now(self, ep: _Episode, item: Queued) -> PivotEvent | None:
         """Pivot `not_valid_now` (error): a queued action is missing from the real state's valid actions.
 
-        Checked before acting on every queued action after a plan's first, when the env lists valid
-        actions: the imagined state the action was planned in is evidently not the real one."""
+        Checked before acting on every queued action after a plan's first, when the env lists every
+        valid action (`Observation.valid_actions_complete`): the imagined state the action was planned
+        in is evidently not the real one."""
         valid = ep.obs.valid_actions
-        if not valid or item.action.key() in {self._action_key_of_text(a) for a in valid}:
+        if not valid or not ep.obs.valid_actions_complete:
+            return None  # no list, or only a hint (ScienceWorld): a missing action may still work
+        if item.action.key() in {self._action_key_of_text(a) for a in valid}:
             return None
         text = render_action(item.action)
         return PivotEvent(

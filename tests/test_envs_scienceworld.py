@@ -63,6 +63,7 @@ def test_expert_wins_and_invalid_input_is_an_error_observation(env, family):
     assert obs.goal.startswith("Your task is") and obs.text.startswith("This room is called")
     assert 0 < len(obs.valid_actions) <= env.max_valid_actions
     assert "reset task" not in obs.valid_actions
+    assert not obs.valid_actions_complete  # a filtered, capped hint: other actions may work
     r = env.step(Action.command("xyzzy frobnicate"))
     assert r.observation.error and not r.done and r.score == 0.0
     env.reset(task)
@@ -123,7 +124,9 @@ def test_ambiguity_questions_offer_numbers_and_the_gold_path_answers_them(env):
         result = env.step(action)
         if result.info["ambiguous"]:
             seen.append(result.observation.valid_actions)
-            assert not result.observation.error
+            assert not result.observation.error and result.observation.valid_actions_complete
+        else:
+            assert not result.observation.valid_actions_complete
         if result.done:
             break
     assert seen and seen[0][:2] == ["0", "1"]

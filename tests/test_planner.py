@@ -57,6 +57,15 @@ class NoListToy(ToyEnv):
         return Observation(text=text, goal=self.goal, valid_actions=None, error=error)
 
 
+class HintListToy(ToyEnv):
+    """The toy env declaring its valid-action list a hint, as ScienceWorld's filtered list is."""
+
+    def _observe(self, text: str, error: bool) -> Observation:
+        obs = super()._observe(text, error)
+        obs.valid_actions_complete = False
+        return obs
+
+
 # -- act and watch ---------------------------------------------------------------------------------
 def test_matching_expectations_execute_the_queue_without_model_calls():
     engine, _ = oracle_engine()
@@ -165,6 +174,14 @@ def test_a_planned_action_missing_from_the_real_valid_actions_replans_before_act
     # the open-loop arm tries it for real, and fails
     blind = events(episode("plan"), "act")
     assert blind[1].action == "open door" and blind[1].error
+    # an env whose list is only a hint (ScienceWorld's is capped): the action is tried, not ruled out
+    hinted = run(
+        ScriptedEngine(decide, simulate, oracle.score),
+        config("simplan", k=1, horizon=2, imagined_actions="free", mismatch_threshold=0.0, max_steps=12),
+        env=HintListToy(),
+    )
+    assert "not_valid_now" not in hinted.summary.pivots_by_rule
+    assert events(hinted, "act")[1].action == "open door" and events(hinted, "act")[1].error
 
 
 def test_open_loop_plan_arm_never_pivots():
