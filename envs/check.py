@@ -17,6 +17,8 @@ Checks (each a named `CheckResult`, failures carry a message saying what and whe
   observation (`Observation.error`), not an exception, and does not end the episode;
 - expert: on `fold_sample` train tasks per family (evenly spread over the family's train list),
   playing `expert_plan()` reaches `won` (100% required); expert steps flagged as errors are reported;
+  an expert command missing from a valid-action list that claims to be complete
+  (`Observation.valid_actions_complete`) fails the check;
 - step after done: a step after the episode ended returns `done=True` (or raises a RuntimeError
   that says so), never anything else.
 """
@@ -133,12 +135,24 @@ def _spread(items: list[Task], n: int) -> list[Task]:
     return [items[(i * len(items)) // n] for i in range(n)]
 
 
-def play(env: Env, task: Task, actions: list[Action]) -> tuple[StepResult | None, int, int]:
-    """Play actions from `reset(task)` until done: (last result, steps taken, steps flagged as errors)."""
+def play(
+    env: Env, task: Task, actions: list[Action], first: Observation | None = None, unlisted: list[str] | None = None
+) -> tuple[StepResult | None, int, int]:
+    """Play actions from `reset(task)` until done: (last result, steps taken, steps flagged as errors).
+
+    With `first` (the reset observation) and a list `unlisted`, each action taken where the observation
+    claims an exhaustive valid-action list (`valid_actions_complete`) but does not list it is noted there.
+    """
     last: StepResult | None = None
+    obs = first
     steps = errors = 0
     for action in actions:
+        if unlisted is not None and obs is not None and obs.valid_actions and obs.valid_actions_complete:
+            listed = {" ".join(a.split()).lower() for a in obs.valid_actions}
+            if action.kind == "command" and " ".join(action.text.split()).lower() not in listed:
+                unlisted.append(f"{task.task_id} step {steps}: {action.text!r}")
         last = env.step(action)
+        obs = last.observation
         steps += 1
         errors += int(last.observation.error)
         if last.done:
@@ -248,12 +262,13 @@ def check_env(
         wins: dict[str, list[int]] = {f: [0, 0] for f in by_family}
         failures: list[str] = []
         error_steps: list[str] = []
+        unlisted: list[str] = []
         bar = tqdm(sample, desc=f"{report.env} expert", unit="ep", disable=not progress, leave=False)
         for task in bar:
             bar.set_postfix_str(task.task_id)
-            env.reset(task)
+            first = env.reset(task)
             plan = env.expert_plan()
-            last, steps, errors = play(env, task, plan)
+            last, steps, errors = play(env, task, plan, first, unlisted)
             wins[task.family][1] += 1
             if last is not None and last.won:
                 wins[task.family][0] += 1
@@ -267,6 +282,12 @@ def check_env(
         per_family = " ".join(f"{f}={w}/{n}" for f, (w, n) in wins.items())
         note = f"; expert steps flagged as errors: {', '.join(error_steps[:5])}" if error_steps else ""
         _require(not failures, f"expert failed on {len(failures)}/{len(sample)}: {', '.join(failures[:5])}{note}")
+        _require(
+            not unlisted,
+            f"{len(unlisted)} expert actions are missing from valid-action lists marked complete "
+            f"({', '.join(unlisted[:3])}): fix the list, or set Observation.valid_actions_complete=False "
+            "(the planner then stops ruling out unlisted actions)",
+        )
         return f"{won}/{len(sample)} won ({per_family}){note}"
 
     def after_done() -> str:

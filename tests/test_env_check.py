@@ -58,6 +58,32 @@ class SilentErrors(ToyEnv):
         return StepResult(obs, reward=r.reward, score=r.score, done=r.done, won=r.won, info=r.info)
 
 
+class ShortList(ToyEnv):
+    """Claims its valid-action lists are complete but never lists "take key" (the expert needs it)."""
+
+    def valid_actions(self):
+        return [a for a in super().valid_actions() if a != "take key"]
+
+    def step(self, action):
+        if action.text == "take key" and self.pos == self.key_room and not self.has_key:
+            self.has_key = True
+            return StepResult(self._observe("You take the key.", error=False), reward=0.5, score=0.5)
+        return super().step(action)
+
+
+def test_incomplete_list_marked_complete_fails_the_expert_check():
+    r = _by_name(check_env(ShortList(), fold_sample=1, progress=False))["expert success"]
+    assert not r.passed and "'take key'" in r.message and "valid_actions_complete=False" in r.message
+
+    class HonestShortList(ShortList):
+        def _observe(self, text, error):
+            obs = super()._observe(text, error)
+            obs.valid_actions_complete = False
+            return obs
+
+    assert _by_name(check_env(HonestShortList(), fold_sample=1, progress=False))["expert success"].passed
+
+
 def test_leaking_folds_fail_with_the_task_id():
     report = _by_name(check_env(LeakyFolds(), fold_sample=1, progress=False))
     assert not report["folds disjoint"].passed
