@@ -154,6 +154,15 @@ class Env(Protocol):
     def close(self) -> None: ...
 
 
+def action_key_of_text(env: Env, text: str) -> str:
+    """The `Action.key()` of a listed action text as `env` parses it (its normalised text if it does not parse):
+    how a valid-action list is compared with a structured action."""
+    try:
+        return env.parse_action(text).key()
+    except ActionParseError:
+        return text.strip().lower()
+
+
 def parse_command(text: str, max_chars: int = 200) -> Action:
     """Strictly parse a text-game command: one non-empty line, whitespace collapsed, case kept."""
     stripped = text.strip()

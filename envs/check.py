@@ -32,7 +32,17 @@ from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
-from simplan.envs.base import FOLDS, Action, ActionParseError, Env, EnvCrashed, Observation, StepResult, Task
+from simplan.envs.base import (
+    FOLDS,
+    Action,
+    ActionParseError,
+    Env,
+    EnvCrashed,
+    Observation,
+    StepResult,
+    Task,
+    action_key_of_text,
+)
 
 INVALID_COMMAND = "xyzzy frobnicate"
 INVALID_TOOL = "xyzzy_frobnicate"
@@ -148,9 +158,9 @@ def play(
     steps = errors = 0
     for action in actions:
         if unlisted is not None and obs is not None and obs.valid_actions and obs.valid_actions_complete:
-            listed = {" ".join(a.split()).lower() for a in obs.valid_actions}
-            if action.kind == "command" and " ".join(action.text.split()).lower() not in listed:
-                unlisted.append(f"{task.task_id} step {steps}: {action.text!r}")
+            # compared as the planner's not_valid_now check compares them
+            if action.key() not in {action_key_of_text(env, a) for a in obs.valid_actions}:
+                unlisted.append(f"{task.task_id} step {steps}: {action.key()!r}")
         last = env.step(action)
         obs = last.observation
         steps += 1

@@ -60,7 +60,7 @@ from simplan.data.format import (
     simulator_messages,
     state_from_steps,
 )
-from simplan.envs.base import Action, ActionParseError, Env, Observation, StepResult, Task
+from simplan.envs.base import Action, ActionParseError, Env, Observation, StepResult, Task, action_key_of_text
 from simplan.inference.arms import ARMS, arm_preset
 from simplan.inference.engine import Engine, GenerationRequest, GenerationResult, ScoreRequest, ScoreResult
 from simplan.inference.judge import (
@@ -783,10 +783,7 @@ class Planner:
         return allowed or list(valid)
 
     def _action_key_of_text(self, text: str) -> str:
-        try:
-            return self.env.parse_action(text).key()
-        except ActionParseError:
-            return text.strip().lower()
+        return action_key_of_text(self.env, text)
 
     def _prompt_state(
         self,
