@@ -252,6 +252,20 @@ def test_eval_model_reports_base_and_adapter_side_by_side(trained, tiny: Path, d
     assert list(by_family) == ["?"] and by_family["?"]["exact"] == 1.0
 
 
+def test_pick_device_takes_the_gpu_only_when_there_is_one() -> None:
+    import torch
+
+    from simplan.training.models import pick_device
+
+    assert pick_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert pick_device("cpu") == "cpu"
+    with pytest.raises(ValueError, match="not a torch device"):
+        pick_device("tpu-please")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="no CUDA GPU"):
+            pick_device("cuda:0")
+
+
 def test_eval_model_limit_spreads_over_families() -> None:
     from simplan.training.evaluate import spread_sample
 

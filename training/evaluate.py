@@ -55,6 +55,7 @@ class EvalModelConfig:
     )
     dtype: str = field(default="auto", metadata={"help": "auto (bfloat16 where native, else float32), float32, ..."})
     num_threads: int = field(default=0, metadata={"help": "torch CPU threads (0: torch's default)"})
+    device: str = field(default="auto", metadata={"help": "auto (the GPU when there is one, else cpu), cpu, cuda:N"})
     out: str = field(default="", metadata={"help": "output folder (default: next to the adapter, or runs/eval-model)"})
 
     def __post_init__(self) -> None:
@@ -144,6 +145,7 @@ def generate(
     for start in tqdm(range(0, len(order), batch_size), desc="generate", unit="batch"):
         idx = order[start : start + batch_size]
         enc = tokenizer([texts[i] for i in idx], add_special_tokens=False, padding=True, return_tensors="pt")
+        enc = enc.to(model.device)
         with torch.no_grad():
             out = model.generate(
                 **enc,
@@ -250,11 +252,12 @@ def evaluate(cfg: EvalModelConfig) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from simplan.training.models import load_tokenizer, resolve_model
+    from simplan.training.models import load_tokenizer, pick_device, resolve_model
     from simplan.training.trainer import bf16_supported
 
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)
+    device = pick_device(cfg.device)
     rows, error_texts = _load_rows(cfg)
     if not rows:
         raise ValueError(f"fold: {cfg.fold!r} of {cfg.dataset} has no rows")
@@ -262,7 +265,7 @@ def evaluate(cfg: EvalModelConfig) -> dict[str, Any]:
     dtype = getattr(torch, cfg.dtype) if cfg.dtype != "auto" else None
     if dtype is None:
         dtype = torch.bfloat16 if bf16_supported() else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(resolve_model(cfg.model), dtype=dtype).eval()
+    model = AutoModelForCausalLM.from_pretrained(resolve_model(cfg.model), dtype=dtype).to(device).eval()
     if cfg.adapter:
         from peft import PeftModel
 
@@ -291,7 +294,7 @@ def evaluate(cfg: EvalModelConfig) -> dict[str, Any]:
         results[variant] = metrics
         predictions[variant] = preds
     out = cfg.out_dir()
-    report = {"config": asdict(cfg), "max_new_tokens": max_new, "results": results}
+    report = {"config": asdict(cfg), "device": device, "max_new_tokens": max_new, "results": results}
     write_json(out / "metrics.json", report)
     write_text(out / "metrics.md", _table(results, cfg))
     write_jsonl(

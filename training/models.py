@@ -189,6 +189,22 @@ def load_tokenizer(name: str) -> Any:
     return tok
 
 
+def pick_device(device: str = "auto") -> str:
+    """The torch device to run a model on: "auto" is the first CUDA GPU when there is one, else the CPU;
+    anything else ("cpu", "cuda", "cuda:1") is checked and returned."""
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device: {device!r} asked for, but torch sees no CUDA GPU; use cpu or auto")
+    try:
+        torch.device(device)
+    except RuntimeError as e:
+        raise ValueError(f"device: {device!r} is not a torch device (cpu, cuda, cuda:N, auto)") from e
+    return device
+
+
 def list_models() -> list[dict[str, str]]:
     rows = []
     for spec in REGISTRY.values():

@@ -30,7 +30,7 @@ OPTIONS: dict[str, tuple[str, ...]] = {
         "seed",
     ),
     "openai": ("base_url", "api_key", "concurrency", "tokenizer", "timeout", "sequential_scoring"),
-    "hf": ("dtype", "threads", "batch_size"),
+    "hf": ("dtype", "threads", "batch_size", "device"),
 }
 
 

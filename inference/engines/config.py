@@ -46,6 +46,7 @@ class EngineConfig:
         default=False, metadata={"help": "vLLM: skip torch.compile (faster start, slower steps; tests use it)"}
     )
     batch_size: int = field(default=16, metadata={"help": "hf: rows per forward/generate call"})
+    device: str = field(default="auto", metadata={"help": "hf: torch device: auto (the GPU if any), cpu, cuda:N"})
     base_url: str = field(default="http://127.0.0.1:8000/v1", metadata={"help": "openai: server URL ending in /v1"})
     api_key: str | None = field(default=None, metadata={"help": "openai: API key (or $SIMPLAN_API_KEY)"})
     concurrency: int = field(default=16, metadata={"help": "openai: requests in flight at once"})

@@ -54,11 +54,12 @@ class HFPeftEngine:
         threads: int | None = None,
         batch_size: int = 16,
         shared_prefix_scoring: bool = True,
+        device: str = "auto",
     ) -> None:
         import torch
         from transformers import AutoModelForCausalLM
 
-        from simplan.training.models import load_tokenizer, resolve_model
+        from simplan.training.models import load_tokenizer, pick_device, resolve_model
 
         if threads is not None:
             # OpenMP threads spin: more threads than free cores slows everything on a shared CPU.
@@ -71,7 +72,8 @@ class HFPeftEngine:
         path = resolve_model(model)
         self.tokenizer = load_tokenizer(path)
         torch_dtype = "auto" if dtype == "auto" else getattr(torch, dtype)
-        base = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
+        self.device = pick_device(device)
+        base = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).to(self.device)
         self.model: Any = base
         if adapters:
             from peft import PeftModel
@@ -168,7 +170,7 @@ class HFPeftEngine:
         for i, r in enumerate(rows):
             ids[i, width - len(r) :] = self.torch.tensor(r, dtype=self.torch.long)
             mask[i, width - len(r) :] = 1
-        return ids, mask
+        return ids.to(self.device), mask.to(self.device)
 
     def _generate_batch(self, reqs: list[GenerationRequest]) -> list[GenerationResult]:
         """Same adapter and sampling settings: one left-padded `generate` call."""
@@ -213,7 +215,7 @@ class HFPeftEngine:
         if r0.logprobs:
             # Raw model logprobs (before temperature/top-p), as vLLM reports them by default.
             logits = torch.stack(out.logits, dim=1).float()  # [rows, steps, vocab]
-            logps = torch.log_softmax(logits, dim=-1)
+            logps = torch.log_softmax(logits, dim=-1).cpu()
         results = []
         for i, r in enumerate(reqs):
             comps = []
@@ -326,20 +328,21 @@ class HFPeftEngine:
         tails = [r.ids[start:] for r in rows]
         width = max(len(t) for t in tails)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        tail_ids = torch.tensor([t + [pad] * (width - len(t)) for t in tails])
-        tail_mask = torch.tensor([[1] * len(t) + [0] * (width - len(t)) for t in tails])
+        dev = self.device
+        tail_ids = torch.tensor([t + [pad] * (width - len(t)) for t in tails], device=dev)
+        tail_mask = torch.tensor([[1] * len(t) + [0] * (width - len(t)) for t in tails], device=dev)
         with torch.inference_mode():
-            out = self.model(input_ids=torch.tensor([prompt]), use_cache=True, logits_to_keep=1)
+            out = self.model(input_ids=torch.tensor([prompt], device=dev), use_cache=True, logits_to_keep=1)
             cache = out.past_key_values
             cache.batch_repeat_interleave(len(rows))
-            mask = torch.cat([torch.ones(len(rows), start, dtype=tail_mask.dtype), tail_mask], dim=1)
-            positions = torch.arange(start, start + width).unsqueeze(0).expand(len(rows), -1)
+            mask = torch.cat([torch.ones(len(rows), start, dtype=tail_mask.dtype, device=dev), tail_mask], dim=1)
+            positions = torch.arange(start, start + width, device=dev).unsqueeze(0).expand(len(rows), -1)
             logits = self.model(
                 input_ids=tail_ids, attention_mask=mask, position_ids=positions, past_key_values=cache
             ).logits.float()
         # The prompt's last position predicts each tail's first token; tail position t predicts t+1.
-        first = torch.log_softmax(out.logits[:, -1].float(), dim=-1)[0]
-        logps = torch.log_softmax(logits[:, :-1], dim=-1)
+        first = torch.log_softmax(out.logits[:, -1].float(), dim=-1)[0].cpu()
+        logps = torch.log_softmax(logits[:, :-1], dim=-1).cpu()
         result = []
         for i, t in enumerate(tails):
             total = first[t[0]]
@@ -362,7 +365,7 @@ class HFPeftEngine:
             ).logits.float()
         logps = torch.log_softmax(logits[:, :-1], dim=-1)  # position p predicts token p+1
         targets = ids[:, -tail:]
-        picked = logps.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # [rows, tail]
+        picked = logps.gather(-1, targets.unsqueeze(-1)).squeeze(-1).cpu()  # [rows, tail]
         out = []
         for i, r in enumerate(rows):
             n = len(r.ids) - r.start
