@@ -514,6 +514,28 @@ def prompt_text(tokenizer: Any, messages: Messages) -> str:
     return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
 
+def eos_ends_assistant_turn(tokenizer: Any) -> tuple[bool, str]:
+    """Whether the chat template closes an assistant turn with the tokenizer's EOS, and what it writes
+    after the turn's content (up to 24 characters).
+
+    Training appends EOS to every completion and engines stop on it; when the template closes turns
+    with another token, an adapter learns a stop token the model's own format does not use. That is
+    how a broken tokenizer conversion shows (eos_token set to the turn *opener*). (True, "") when the
+    tokenizer has no chat template to compare with.
+    """
+    sentinel = "\u2063simplan-end-of-content\u2063"
+    messages = [{"role": "user", "content": "u"}, {"role": "assistant", "content": sentinel}]
+    try:
+        text = tokenizer.apply_chat_template(messages, tokenize=False)
+    except Exception:  # no template, or one that refuses this shape: nothing to compare
+        return True, ""
+    if sentinel not in text:
+        return True, ""
+    after = text.split(sentinel, 1)[1]
+    eos = tokenizer.eos_token or ""
+    return bool(eos) and after.startswith(eos), after[:24]
+
+
 def completion_text(tokenizer: Any, completion: str) -> str:
     """Completion followed by EOS, so a fine-tuned model learns to stop after one action."""
     eos = tokenizer.eos_token or ""

@@ -266,6 +266,28 @@ def test_pick_device_takes_the_gpu_only_when_there_is_one() -> None:
             pick_device("cuda:0")
 
 
+def test_special_tokens_follow_the_model_config(tiny: Path) -> None:
+    """transformers 5.17 converted SmolLM2's GGUF tokenizer with eos = <|im_start|>; the conversion now
+    takes bos/eos/pad from the config (the GGUF metadata), and training notices such a tokenizer."""
+    from types import SimpleNamespace
+
+    from simplan.data.format import eos_ends_assistant_turn
+    from simplan.training.models import align_special_tokens, load_tokenizer
+
+    tok = load_tokenizer(str(tiny))
+    assert eos_ends_assistant_turn(tok) == (True, "<|im_end|>\n")
+    tok.eos_token = tok.pad_token = "<|im_start|>"  # what the broken conversion saved
+    ok, after = eos_ends_assistant_turn(tok)
+    assert not ok and after.startswith("<|im_end|>")
+    config = SimpleNamespace(bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    assert align_special_tokens(tok, config) == {
+        "eos": ["<|im_start|>", "<|im_end|>"],
+        "pad": ["<|im_start|>", "<|im_end|>"],
+    }
+    assert tok.eos_token_id == 2 and tok.pad_token_id == 2 and tok.bos_token == "<|im_start|>"
+    assert eos_ends_assistant_turn(tok)[0] and align_special_tokens(tok, config) == {}
+
+
 def test_eval_model_limit_spreads_over_families() -> None:
     from simplan.training.evaluate import spread_sample
 

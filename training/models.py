@@ -125,6 +125,9 @@ def convert_gguf(spec: ModelSpec, out_dir: Path, progress: bool = True) -> Path:
     if missing or unexpected:
         raise RuntimeError(f"converting {spec.name}: missing {missing[:5]} unexpected {unexpected[:5]}")
     model = model.to(torch.bfloat16)
+    fixed = align_special_tokens(tokenizer, config)
+    if fixed and progress:
+        print(f"models: tokenizer special tokens set to the GGUF's: {fixed}", flush=True)
     with atomic_dir(out_dir) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
@@ -133,6 +136,8 @@ def convert_gguf(spec: ModelSpec, out_dir: Path, progress: bool = True) -> Path:
             "source": str(gguf_path),
             "source_sha256": _sha256(gguf_path),
             "files": {p.name: _sha256(p) for p in sorted(tmp.iterdir()) if p.suffix == ".safetensors"},
+            "special_tokens": {n: getattr(tokenizer, f"{n}_token") for n in ("bos", "eos", "pad")},
+            "special_tokens_fixed": fixed,
             "converted_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
             "seconds": round(time.time() - started, 1),
         }
@@ -140,6 +145,25 @@ def convert_gguf(spec: ModelSpec, out_dir: Path, progress: bool = True) -> Path:
     if progress:
         print(f"models: saved {out_dir} in {time.time() - started:.0f} s", flush=True)
     return out_dir
+
+
+def align_special_tokens(tokenizer: Any, config: Any) -> dict[str, list[str | None]]:
+    """Set the tokenizer's bos/eos/pad tokens to the ids the model config names, where they differ.
+
+    The config carries the GGUF metadata (SmolLM2: bos 1 <|im_start|>, eos and pad 2 <|im_end|>).
+    transformers 5.17 converts that GGUF's tokenizer with eos = pad = <|im_start|> (5.19 does not):
+    an adapter trained under it ends its turns with <|im_start|> and never stops under the right
+    tokenizer. Returns {name: [old token, new token]} for what was changed.
+    """
+    changed: dict[str, list[str | None]] = {}
+    for name in ("bos", "eos", "pad"):
+        want = getattr(config, f"{name}_token_id", None)
+        if not isinstance(want, int) or getattr(tokenizer, f"{name}_token_id") == want:
+            continue
+        token = tokenizer.convert_ids_to_tokens(want)
+        changed[name] = [getattr(tokenizer, f"{name}_token"), token]
+        setattr(tokenizer, f"{name}_token", token)
+    return changed
 
 
 def verify_cache(folder: Path) -> bool:

@@ -30,6 +30,7 @@ import inspect
 import json
 import math
 import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +40,7 @@ import torch
 import yaml
 from transformers import Trainer, TrainerCallback, TrainingArguments, set_seed
 
-from simplan.data.format import completion_text, prompt_text
+from simplan.data.format import completion_text, eos_ends_assistant_turn, prompt_text
 from simplan.data.io import append_jsonl, atomic_dir, write_json, write_text
 from simplan.training.config import DataArguments, LoraArguments, ModelArguments, TrainArguments
 from simplan.training.models import load_tokenizer, resolve_model
@@ -440,6 +441,17 @@ def train(
         check_resumable(out, arguments)
 
     tokenizer = load_tokenizer(model_args.model)
+    eos_ok, turn_end = eos_ends_assistant_turn(tokenizer)
+    if not eos_ok:
+        print(
+            f"train: WARNING the tokenizer's eos_token {tokenizer.eos_token!r} is not what the chat template "
+            f"writes after an assistant turn ({turn_end!r}); every completion is trained to end with "
+            f"{tokenizer.eos_token!r}, so the adapter stops only under a tokenizer with that same eos. Fix the "
+            "model folder's tokenizer_config.json (simplan's own conversions are fixed by `simplan models fetch` "
+            "into a fresh cache) unless this is intended.",
+            file=sys.stderr,
+            flush=True,
+        )
     train_raw, dev_raw = load_splits(data_args)
     train_ds, dropped_train = tokenize_dataset(train_raw, tokenizer, data_args.max_length, "tokenize train")
     if len(train_ds) == 0:
@@ -504,6 +516,7 @@ def train(
             "trainable_params": trainable,
             "total_params": total,
             "bf16": bf16,
+            "eos_matches_chat_template": eos_ok,
             "model": model_path,
         }
     )
