@@ -10,7 +10,9 @@ and a CUDA GPU (`--allow-cpu` for a dry run of the plumbing). The runs are proce
 together: a 135M model leaves a large GPU mostly idle, so one at a time would waste it, and each
 run's time is wall-clock under that sharing (so are its tokens/s). The decider variants differ from
 the recipe in one setting each (epochs, LoRA rank) and are all reported; they are evaluated on the
-same dev fold they could be chosen on, so a choice among them is a choice on dev.
+same dev fold they could be chosen on, so a choice among them is a choice on dev. On one H200 the
+four trainings share the GPU at 93-100% utilisation: ~4 min for the 6-epoch runs, ~5 min for the
+simulator, ~8 min expected for decider-12ep; evaluation ~3 min (bench/RESULTS.md).
 
 Writes OUT/train/<run>/ (adapter, metrics), OUT/eval/<run>/ (eval-model output), OUT/logs/ and
 OUT/summary.md + summary.json.
