@@ -170,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     for run in runs:
         keys = {"dataset": data[run.role], "output_dir": str(out / "train" / run.name)} | run.overrides | common
         cmd = cli + ["train", "--config", str(run.recipe)] + [a for k, v in keys.items() for a in (f"--{k}", v)]
-        procs[run.name] = (_start(cmd, out / "logs" / f"{run.name}.train.log"), out / "logs" / f"{run.name}.train.log")
+        log = out / "logs" / f"{run.name}.train.log"
+        procs[run.name] = (_start(cmd, log), log)
     train_s = _wait_all(procs, "train")
 
     procs = {}
@@ -182,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
         cmd += ["--model", model, "--limit", str(args.eval_limit), "--num_threads", "4"]
         cmd += ["--adapter", str(out / "train" / run.name / "adapter"), "--batch_size", str(args.eval_batch)]
         cmd += ["--compare_base", str(run.compare_base).lower(), "--out", str(out / "eval" / run.name)]
-        procs[run.name] = (_start(cmd, out / "logs" / f"{run.name}.eval.log"), out / "logs" / f"{run.name}.eval.log")
+        log = out / "logs" / f"{run.name}.eval.log"
+        procs[run.name] = (_start(cmd, log), log)
     eval_s = _wait_all(procs, "eval")
 
     rows = summarize(runs, out, train_s, eval_s)

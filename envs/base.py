@@ -163,6 +163,14 @@ def action_key_of_text(env: Env, text: str) -> str:
         return text.strip().lower()
 
 
+def missing_from_complete_list(env: Env, obs: Observation, action: Action) -> bool:
+    """True when `obs` lists every valid action (`valid_actions_complete`) and `action` is not among them:
+    the rule of the planner's `not_valid_now` pivot and of the expert check in `simplan envs check`."""
+    if not obs.valid_actions or not obs.valid_actions_complete:
+        return False  # no list, or only a hint (ScienceWorld): a missing action may still work
+    return action.key() not in {action_key_of_text(env, a) for a in obs.valid_actions}
+
+
 def parse_command(text: str, max_chars: int = 200) -> Action:
     """Strictly parse a text-game command: one non-empty line, whitespace collapsed, case kept."""
     stripped = text.strip()

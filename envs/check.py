@@ -41,7 +41,7 @@ from simplan.envs.base import (
     Observation,
     StepResult,
     Task,
-    action_key_of_text,
+    missing_from_complete_list,
 )
 
 INVALID_COMMAND = "xyzzy frobnicate"
@@ -157,10 +157,8 @@ def play(
     obs = first
     steps = errors = 0
     for action in actions:
-        if unlisted is not None and obs is not None and obs.valid_actions and obs.valid_actions_complete:
-            # compared as the planner's not_valid_now check compares them
-            if action.key() not in {action_key_of_text(env, a) for a in obs.valid_actions}:
-                unlisted.append(f"{task.task_id} step {steps}: {action.key()!r}")
+        if unlisted is not None and obs is not None and missing_from_complete_list(env, obs, action):
+            unlisted.append(f"{task.task_id} step {steps}: {action.key()!r}")
         last = env.step(action)
         obs = last.observation
         steps += 1

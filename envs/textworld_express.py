@@ -253,9 +253,10 @@ class TextWorldExpressEnv(JvmEnvLifecycle):
             gold = [str(a) for a in twx.getGoldActionSequence()]
             if not gold or gold[0].startswith("ERROR"):
                 return info, gold, None
-            plan, solves = _replay_gold(twx, drop_back_and_forth(gold), info)
+            cleaned = drop_back_and_forth(gold)
+            plan, solves = _replay_gold(twx, cleaned, info)
             _, fresh = twx.reset(seed=seed, gameFold=fold, generateGoldPath=False)
-            if not solves and drop_back_and_forth(gold) != gold:  # keep TWX's own path where ours fails
+            if not solves and cleaned != gold:  # keep TWX's own path where ours fails
                 plan, solves = _replay_gold(twx, gold, fresh)
                 _, fresh = twx.reset(seed=seed, gameFold=fold, generateGoldPath=False)
             return fresh, plan, solves

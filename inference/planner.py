@@ -60,7 +60,16 @@ from simplan.data.format import (
     simulator_messages,
     state_from_steps,
 )
-from simplan.envs.base import Action, ActionParseError, Env, Observation, StepResult, Task, action_key_of_text
+from simplan.envs.base import (
+    Action,
+    ActionParseError,
+    Env,
+    Observation,
+    StepResult,
+    Task,
+    action_key_of_text,
+    missing_from_complete_list,
+)
 from simplan.inference.arms import ARMS, arm_preset
 from simplan.inference.engine import Engine, GenerationRequest, GenerationResult, ScoreRequest, ScoreResult
 from simplan.inference.judge import (
@@ -687,11 +696,9 @@ class Planner:
         Checked before acting on every queued action after a plan's first, when the env lists every
         valid action (`Observation.valid_actions_complete`): the imagined state the action was planned
         in is evidently not the real one."""
-        valid = ep.obs.valid_actions
-        if not valid or not ep.obs.valid_actions_complete:
-            return None  # no list, or only a hint (ScienceWorld): a missing action may still work
-        if item.action.key() in {self._action_key_of_text(a) for a in valid}:
+        if not missing_from_complete_list(self.env, ep.obs, item.action):
             return None
+        valid = ep.obs.valid_actions or []
         text = render_action(item.action)
         return PivotEvent(
             rule=NOT_VALID_NOW,
