@@ -36,7 +36,8 @@ Policies (one episode id per task, policy and attempt: "{env}/{task_id}/{policy}
   prefix (policy ``random``, attempt ``branch{k}``, `meta.branch_step` = index of the new step;
   steps before it repeat the expert path so the record keeps its real history).
 
-Steps keep the env's `info`; when an observation brings a new goal (a BFCL user turn),
+Steps keep the env's `info`; when an observation brings a new goal (a BFCL user turn, a TWX
+recipe or map the agent has read),
 `info["goal"]` holds it, and when it changes the tool list (BFCL miss_func adds functions mid
 episode), `info["tools"]` holds the new list; dataset prompts follow both from step to step.
 Episodes run grouped by family (a TWX game switch reloads the game).
@@ -408,7 +409,7 @@ class Recorder:
         self.env_steps += 1
         obs = result.observation
         info = _jsonable(dict(result.info or {}))
-        if obs.goal and obs.goal != self.traj.goal:  # multi-turn tool tasks: each user turn sets a new goal
+        if obs.goal and obs.goal != self.traj.goal:  # a BFCL user turn, or what a TWX agent read
             info["goal"] = obs.goal
         if obs.tools is not None and before.tools is not None and obs.tools != before.tools:
             info["tools"] = _jsonable(obs.tools)

@@ -188,7 +188,7 @@ def trajectory_states(
     states, failures = [], {}  # note -> None, in the order of each note's latest occurrence
     goal, tools = traj.goal, traj.tools
     for i, step in enumerate(traj.steps):
-        if i > 0:  # multi-turn tool tasks: a user turn sets a new goal and may bring new tools
+        if i > 0:  # a BFCL user turn (goal, maybe tools), what a TWX agent read (goal)
             goal = traj.steps[i - 1].info.get("goal") or goal
             tools = traj.steps[i - 1].info.get("tools") or tools
         start = 0 if max_history is None else max(0, i - max_history)

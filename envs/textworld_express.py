@@ -27,6 +27,9 @@ up to 76 valid actions, so the defaults here keep every gold path well under a 5
 Pass `game_params={"cookingworld": ""}` for TWX's own defaults of a game.
 
 Episode semantics.
+- `Observation.goal` is TWX's task description, followed by what the agent has read so far this
+  episode (`goal_with_reading`: the cookbook's recipe, the map, the math problem, the latest
+  instruction), so that a prompt's few recent steps never lose the text that defines the task.
 - `Observation.valid_actions` are TWX's valid actions for the current state (sorted).
 - `Observation.error` is True when the command is not among the valid actions (TWX answers
   "Unknown action: I'm not sure what you mean.") or TWX's answer says it had no effect ("That is
@@ -137,6 +140,25 @@ def _replay_gold(twx: Any, gold: list[str], info: dict[str, Any]) -> tuple[list[
     return plan, False
 
 
+READ_NOTE = "You read the {thing}:\n{text}"
+
+
+def goal_with_reading(task: str, read: dict[str, str]) -> str:
+    """TWX's task description followed by the latest text of each thing read in this episode.
+
+    The text a `read` command returns defines the task (cookingworld's recipe, mapreader's map,
+    arithmetic's problem, peckingorder's current instruction), but a prompt shows only a few recent
+    steps: 4 steps after `read cookbook` the recipe is gone and "cook ... in stove" or "... in oven"
+    is a guess. Keeping it in the goal keeps it in every prompt, in training and in the planner alike.
+    Blank lines and indentation are dropped (tokens, not meaning).
+    """
+    notes = []
+    for thing, text in read.items():
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        notes.append(READ_NOTE.format(thing=thing, text="\n".join(lines)))
+    return "\n\n".join([task, *notes])
+
+
 def is_error_response(text: str) -> bool:
     """True when TWX's answer says the command was not understood or had no effect."""
     return bool(_ERROR_RE.match(text))
@@ -167,6 +189,8 @@ class TextWorldExpressEnv(JvmEnvLifecycle):
         self._loaded: tuple[str, str] | None = None  # (game, gameParams) loaded in the JVM
         self._seeds: dict[str, dict[str, list[int]]] = {}
         self._task: Task | None = None
+        self._task_description = ""
+        self._read: dict[str, str] = {}  # thing -> what reading it said last (see `goal_with_reading`)
         self._goal = ""
         self._valid: list[str] = []
         self._plan: list[Action] | None = None
@@ -270,7 +294,8 @@ class TextWorldExpressEnv(JvmEnvLifecycle):
             self._loaded = None
             info, gold, solves = self._jvm.call(start, f"reset of {task.task_id} (after a JVM restart)")
         self._task = task
-        self._goal = str(info.get("taskDescription", "")).strip()
+        self._task_description = self._goal = str(info.get("taskDescription", "")).strip()
+        self._read = {}
         self._valid = sorted(str(a) for a in info.get("validActions", []))
         self._steps, self._score, self._done, self._won = 0, 0.0, False, False
         self._plan, self._plan_error = None, ""
@@ -311,6 +336,10 @@ class TextWorldExpressEnv(JvmEnvLifecycle):
         self._valid = sorted(str(a) for a in info.get("validActions", []))
         text = str(info["observation"])
         error = not is_valid or is_error_response(text)
+        if not error and command.startswith("read "):
+            self._read.pop(command[5:], None)  # latest reading last
+            self._read[command[5:]] = text
+            self._goal = goal_with_reading(self._task_description, self._read)
         return self._result(text, error=error, score=float(info["score"]), info=info)
 
     def _result(self, text: str, error: bool, score: float, info: dict[str, Any]) -> StepResult:

@@ -753,7 +753,7 @@ class Planner:
             m.completion_tokens,
         )
         ep.obs = obs
-        if obs.goal:  # multi-turn tool tasks: each user turn sets a new goal, as in the training data
+        if obs.goal:  # a BFCL user turn, what a TWX agent read: as in the training data
             ep.goal = obs.goal
         self._note_valid(ep, obs)
         if error:  # every arm remembers failed steps, as the training prompts do (data/format.py)

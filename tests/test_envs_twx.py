@@ -14,6 +14,7 @@ from simplan.envs.textworld_express import (  # noqa: E402
     GAMES,
     TextWorldExpressEnv,
     drop_back_and_forth,
+    goal_with_reading,
     is_error_response,
 )
 
@@ -90,6 +91,38 @@ def test_failure_ends_with_negative_score_and_no_win(env):
     r = env.step(Action.command(wrong))
     assert r.done and not r.won and r.score == -1.0 and r.info["taskfailure"]
     assert not r.observation.error  # a wrong move is a failure, not an invalid action
+
+
+def test_goal_keeps_what_the_agent_read(env):
+    """The recipe stays in the goal after the step that read it scrolls out of a prompt's history."""
+    task = env.tasks("train", families=["cookingworld"], limit=1)[0]
+    obs = env.reset(task)
+    description = obs.goal
+    assert "Recipe" not in description and "Ingredients" not in description
+    goals = []
+    for action in env.expert_plan():
+        result = env.step(action)
+        goals.append(result.observation.goal)
+        if action.text == "read cookbook":
+            recipe = result.observation.text
+    assert result.won
+    read_at = [a.text for a in env.expert_plan()].index("read cookbook")
+    assert all(g == description for g in goals[:read_at])
+    assert all(g == goals[read_at] for g in goals[read_at:])  # kept to the end of the episode
+    assert goals[read_at].startswith(description + "\n\nYou read the cookbook:\n")
+    assert "Directions:" in goals[read_at] and "Directions:" in recipe
+    # a failed read adds nothing; a new episode starts from the bare description
+    obs = env.reset(task)
+    assert env.step(Action.command("read the sky")).observation.goal == description == obs.goal
+
+
+def test_goal_with_reading_keeps_the_latest_text_of_each_thing():
+    read = {"map": "  The map reads:\n\n  A connects to B.\n", "instructions book": "Take the apple."}
+    assert goal_with_reading("Go.", read) == (
+        "Go.\n\nYou read the map:\nThe map reads:\nA connects to B."
+        "\n\nYou read the instructions book:\nTake the apple."
+    )
+    assert goal_with_reading("Go.", {}) == "Go."
 
 
 def test_max_steps_truncates():
