@@ -54,8 +54,8 @@ RUNS = [
 
 def _start(cmd: list[str], log: Path) -> subprocess.Popen:
     log.parent.mkdir(parents=True, exist_ok=True)
-    handle = open(log, "w")  # noqa: SIM115 - closed by the child's exit; the parent only waits
-    return subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, cwd=ROOT)
+    with open(log, "w") as handle:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, cwd=ROOT)
 
 
 def _wait_all(procs: dict[str, tuple[subprocess.Popen, Path]], what: str) -> dict[str, float]:

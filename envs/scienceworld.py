@@ -258,8 +258,16 @@ class ScienceWorldEnv(JvmEnvLifecycle):
         else:
             self._plan = [Action.command(a) for a in gold if not _SELF_MOVE_RE.match(a)]
         self._set_valid(obs, info)
+        return self._observation(obs)
+
+    def _observation(self, text: str, error: bool = False) -> Observation:
+        """What the agent sees now: `text` with the episode's goal and current valid actions."""
         return Observation(
-            text=obs, goal=self._goal, valid_actions=list(self._valid), valid_actions_complete=self._valid_complete
+            text=text,
+            goal=self._goal,
+            valid_actions=list(self._valid),
+            valid_actions_complete=self._valid_complete,
+            error=error,
         )
 
     def _set_valid(self, text: str, info: dict[str, Any]) -> None:
@@ -317,13 +325,7 @@ class ScienceWorldEnv(JvmEnvLifecycle):
             "ambiguous": text.startswith(AMBIGUOUS_PREFIX),
         }
         return StepResult(
-            observation=Observation(
-                text=text,
-                goal=self._goal,
-                valid_actions=list(self._valid),
-                valid_actions_complete=self._valid_complete,
-                error=error,
-            ),
+            observation=self._observation(text, error),
             reward=score - before,
             score=score,
             done=self._done,
