@@ -14,6 +14,7 @@ backend that cannot honour one raises `NotImplementedError` naming the backend a
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -118,3 +119,36 @@ class Engine(Protocol):
     def score(self, requests: list[ScoreRequest]) -> list[ScoreResult]: ...
 
     def close(self) -> None: ...
+
+
+class MeteredEngine:
+    """An engine that counts the calls, tokens and seconds passing through it; scoring tokens count as
+    prompt tokens. The planner wraps the (possibly shared) engine in one per episode."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.calls = 0
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self.seconds = 0.0
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        t0 = time.perf_counter()
+        results = self.engine.generate(requests)
+        self.seconds += time.perf_counter() - t0
+        self.calls += 1
+        self.prompt_tokens += sum(r.prompt_tokens for r in results)
+        self.completion_tokens += sum(r.completion_tokens for r in results)
+        return results
+
+    def score(self, requests: list[ScoreRequest]) -> list[ScoreResult]:
+        t0 = time.perf_counter()
+        results = self.engine.score(requests)
+        self.seconds += time.perf_counter() - t0
+        self.calls += 1
+        self.prompt_tokens += sum(r.prompt_tokens + sum(r.num_tokens) for r in results)
+        return results

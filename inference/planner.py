@@ -38,10 +38,8 @@ import hashlib
 import json
 import math
 import re
-import threading
 import time
 import traceback
-import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -55,7 +53,6 @@ from simplan.data.format import (
     chat_token_counter,
     decider_messages,
     failure_note,
-    fit_to_budget,
     render_action,
     simulator_messages,
     state_from_steps,
@@ -71,7 +68,13 @@ from simplan.envs.base import (
     missing_from_complete_list,
 )
 from simplan.inference.arms import ARMS, arm_preset
-from simplan.inference.engine import Engine, GenerationRequest, GenerationResult, ScoreRequest, ScoreResult
+from simplan.inference.engine import (
+    Engine,
+    GenerationRequest,
+    GenerationResult,
+    MeteredEngine,
+    ScoreRequest,
+)
 from simplan.inference.judge import (
     DEFAULT_ERROR_PATTERNS,
     DEFAULT_PROGRESS_PATTERNS,
@@ -90,6 +93,7 @@ from simplan.inference.pivots import (
     default_rules,
     similarity,
 )
+from simplan.inference.prompt_fit import PromptFitter, approx_token_counter, locked
 from simplan.inference.trace import (
     ActEvent,
     CandidateRecord,
@@ -295,109 +299,6 @@ class Router:
         if self.config.adaptive and margin is not None and margin >= self.config.confident_margin:
             return 0, f"decider confident (margin {margin:.2f} >= {self.config.confident_margin}): no simulation"
         return max(0, min(budgets.horizon, steps_left)), ""
-
-
-# ---------------------------------------------------------------------------------------------
-# Engine accounting for one episode (the engine itself may be shared by concurrent episodes)
-# ---------------------------------------------------------------------------------------------
-class MeteredEngine:
-    """Counts this episode's engine calls, tokens and seconds; scoring tokens count as prompt tokens."""
-
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-        self.calls = 0
-        self.prompt_tokens = 0
-        self.completion_tokens = 0
-        self.seconds = 0.0
-
-    @property
-    def tokens(self) -> int:
-        return self.prompt_tokens + self.completion_tokens
-
-    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
-        t0 = time.perf_counter()
-        results = self.engine.generate(requests)
-        self.seconds += time.perf_counter() - t0
-        self.calls += 1
-        self.prompt_tokens += sum(r.prompt_tokens for r in results)
-        self.completion_tokens += sum(r.completion_tokens for r in results)
-        return results
-
-    def score(self, requests: list[ScoreRequest]) -> list[ScoreResult]:
-        t0 = time.perf_counter()
-        results = self.engine.score(requests)
-        self.seconds += time.perf_counter() - t0
-        self.calls += 1
-        self.prompt_tokens += sum(r.prompt_tokens + sum(r.num_tokens) for r in results)
-        return results
-
-
-def approx_token_counter(messages: Messages) -> int:
-    """~4 characters per token plus a few per message: used when the engine exposes no tokenizer."""
-    return sum(len(m.get("content", "")) // 4 + 4 for m in messages)
-
-
-_TOKENIZER_LOCK = threading.RLock()
-_FITTER_CACHES: weakref.WeakKeyDictionary[Any, tuple[dict[str, int], dict[tuple[str, ...], int]]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-class PromptFitter:
-    """Fits prompt states to the token budget (data/format.fit_to_budget) without tokenizing every prompt.
-
-    Exact counting renders the chat template and tokenizes the whole prompt, which costs more than
-    anything else the loop does. With a tokenizer, a prompt is first bounded from above by the
-    template's own tokens plus the cached token counts of its lines plus one token per newline
-    and a small slack (tokenizers pre-split text at newlines, so lines do not merge); only a prompt
-    whose bound exceeds the budget is counted exactly and trimmed.
-    """
-
-    SLACK = 8
-    MAX_CACHE = 100_000
-
-    def __init__(self, count_tokens: Callable[[Messages], int], budget: int, tokenizer: Any = None) -> None:
-        self.count_tokens, self.budget, self.tokenizer = count_tokens, budget, tokenizer
-        # Line counts depend only on the tokenizer: share them between the planners of one process.
-        caches = _FITTER_CACHES.setdefault(tokenizer, ({}, {})) if tokenizer is not None else ({}, {})
-        self._lines: dict[str, int] = caches[0]
-        self._scaffold: dict[tuple[str, ...], int] = caches[1]
-        self.exact_counts = 0  # prompts that needed the exact path (for benchmarks)
-
-    def fit(self, state: PromptState, render: Callable[[PromptState], Messages]) -> PromptState:
-        if self.tokenizer is not None and self.upper_bound(render(state)) <= self.budget:
-            return state
-        self.exact_counts += 1
-        fitted, _ = fit_to_budget(state, render, self.count_tokens, self.budget)
-        return fitted
-
-    def upper_bound(self, messages: Messages) -> int:
-        roles = tuple(m["role"] for m in messages)
-        scaffold = self._scaffold.get(roles)
-        if scaffold is None:
-            scaffold = self._scaffold[roles] = self.count_tokens([{"role": r, "content": ""} for r in roles])
-        lines = [line for m in messages for line in m["content"].split("\n")]
-        counts = {line: self._lines.get(line) for line in set(lines)}  # local: other threads may clear the cache
-        new = [line for line, c in counts.items() if c is None]
-        if new:
-            with _TOKENIZER_LOCK:  # HF fast tokenizers can fail ("Already borrowed") when called concurrently
-                ids = self.tokenizer(new, add_special_tokens=False)["input_ids"]
-            fresh = dict(zip(new, map(len, ids)))
-            counts.update(fresh)
-            if len(self._lines) > self.MAX_CACHE:
-                self._lines.clear()
-            self._lines.update(fresh)
-        return scaffold + sum(counts[line] for line in lines) + len(lines) + self.SLACK  # type: ignore[misc]
-
-
-def locked(count: Callable[[Messages], int]) -> Callable[[Messages], int]:
-    """A token counter that holds the shared tokenizer lock (episodes may run in threads)."""
-
-    def count_locked(messages: Messages) -> int:
-        with _TOKENIZER_LOCK:
-            return count(messages)
-
-    return count_locked
 
 
 def _key(*parts: Any) -> str:

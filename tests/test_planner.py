@@ -455,7 +455,7 @@ def test_prompt_fitter_bound_never_undercounts_and_fits_like_fit_to_budget():
 
     from simplan.data.format import chat_token_counter, decider_messages, fit_to_budget, state_from_steps
     from simplan.envs.base import Action
-    from simplan.inference.planner import PromptFitter
+    from simplan.inference.prompt_fit import PromptFitter
     from simplan.training.tiny import tiny_model
 
     try:
