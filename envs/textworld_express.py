@@ -201,7 +201,6 @@ class TextWorldExpressEnv(JvmEnvLifecycle):
         self._task: Task | None = None
         self._task_description = ""
         self._read: dict[str, str] = {}  # thing -> what reading it said last (see `goal_with_reading`)
-        self._goal = ""
         self._valid: list[str] = []
         self._plan: list[Action] | None = None
         self._plan_error = ""
@@ -210,6 +209,10 @@ class TextWorldExpressEnv(JvmEnvLifecycle):
         self._score = 0.0
         self._done = False
         self._won = False
+
+    @property
+    def _goal(self) -> str:
+        return goal_with_reading(self._task_description, self._read)
 
     # -- task listing ------------------------------------------------------------------------
     def fold_seeds(self, game: str, fold: str) -> list[int]:
@@ -305,7 +308,7 @@ class TextWorldExpressEnv(JvmEnvLifecycle):
             self._loaded = None
             info, gold, solves = self._jvm.call(start, f"reset of {task.task_id} (after a JVM restart)")
         self._task = task
-        self._task_description = self._goal = str(info.get("taskDescription", "")).strip()
+        self._task_description = str(info.get("taskDescription", "")).strip()
         self._read = {}
         self._valid = sorted(str(a) for a in info.get("validActions", []))
         self._steps, self._score, self._done, self._won = 0, 0.0, False, False
@@ -350,7 +353,6 @@ class TextWorldExpressEnv(JvmEnvLifecycle):
         if not error and command.startswith("read "):
             self._read.pop(command[5:], None)  # latest reading last
             self._read[command[5:]] = text
-            self._goal = goal_with_reading(self._task_description, self._read)
         return self._result(text, error=error, score=float(info["score"]), info=info)
 
     def _result(self, text: str, error: bool, score: float, info: dict[str, Any]) -> StepResult:
