@@ -13,6 +13,12 @@ Simulator metrics: `exact`, `token_f1` (bag-of-words F1, lower-cased) and precis
 predicting an error observation: rows carry an `error` flag for their target, and a prediction
 counts as an error when it equals (normalised) one of the error observations seen in the dataset.
 
+`--replay` (decider) plays each miss in its environment (simplan.data.replay): `equivalent` is the
+share of rows whose prediction is a later step of the expert plan that, done now, leaves a path as
+short as the expert's (another order of interchangeable steps); `exact_or_equivalent` adds it to
+`exact`, and `replay_unknown` counts misses that could not be judged (env not replayable). Exact
+match stays the headline number; the replay says how many misses were real mistakes.
+
 Every metric is also broken down by task family (the dataset's `family` column). `--limit N` takes
 N rows spread evenly over the families (round robin, each family in fold order), so a small sample
 is not just the first game of the fold.
@@ -23,6 +29,7 @@ whether it matched exactly, per row).
 
 from __future__ import annotations
 
+import json
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -57,6 +64,17 @@ class EvalModelConfig:
     num_threads: int = field(default=0, metadata={"help": "torch CPU threads (0: torch's default)"})
     device: str = field(default="auto", metadata={"help": "auto (the GPU when there is one, else cpu), cpu, cuda:N"})
     out: str = field(default="", metadata={"help": "output folder (default: next to the adapter, or runs/eval-model)"})
+    replay: bool = field(
+        default=False,
+        metadata={
+            "help": "decider: replay each miss in its environment and count a later expert step that is as "
+            "short done now as `equivalent` (see simplan.data.replay; needs the trajectories)"
+        },
+    )
+    trajectories: str = field(
+        default="",
+        metadata={"help": "with --replay: collection JSONL files, comma-separated ('' = the dataset's build inputs)"},
+    )
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -68,6 +86,8 @@ class EvalModelConfig:
                 raise ValueError(f"{name}: {getattr(self, name)} must be >= 0")
         if self.batch_size <= 0:
             raise ValueError(f"batch_size: {self.batch_size} must be positive")
+        if self.replay and self.role != "decider":
+            raise ValueError("replay: only the decider's actions can be replayed; drop --replay for the simulator")
 
     def out_dir(self) -> Path:
         if self.out:
@@ -95,7 +115,10 @@ def token_f1(prediction: str, reference: str) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
-def decider_metrics(preds: list[str], stopped: list[bool], rows: list[dict[str, Any]]) -> dict[str, Any]:
+def decider_metrics(
+    preds: list[str], stopped: list[bool], rows: list[dict[str, Any]], verdicts: list[str | None] | None = None
+) -> dict[str, Any]:
+    """`verdicts` (with --replay): per row, None for an exact match, else a `simplan.data.replay` verdict."""
     n = max(len(rows), 1)
     exact = sum(normalize(p) == normalize(r["completion"]) for p, r in zip(preds, rows))
     parse = sum(bool(p.strip()) and "\n" not in p.strip() and s for p, s in zip(preds, stopped))
@@ -106,6 +129,10 @@ def decider_metrics(preds: list[str], stopped: list[bool], rows: list[dict[str, 
         out["valid"] = ok / len(with_valid)
     else:
         out["valid"] = None  # the dataset has no valid_actions column
+    if verdicts is not None:
+        out["equivalent"] = sum(v == "equivalent" for v in verdicts) / n
+        out["exact_or_equivalent"] = out["exact"] + out["equivalent"]
+        out["replay_unknown"] = sum(v == "unknown" for v in verdicts) / n
     return out
 
 
@@ -160,6 +187,12 @@ def generate(
                 stopped[i] = True
             outputs[i] = tokenizer.decode(row, skip_special_tokens=True)
     return outputs, stopped
+
+
+def _dataset_root(cfg: EvalModelConfig) -> Path:
+    """The build's output folder (config.json, stats) for --dataset given as it or as its dataset/."""
+    folder = Path(cfg.dataset)
+    return folder.parent if folder.name == "dataset" and (folder.parent / "config.json").exists() else folder
 
 
 def _load_rows(cfg: EvalModelConfig) -> tuple[list[dict[str, Any]], set[str]]:
@@ -229,23 +262,90 @@ def _table(results: dict[str, dict[str, Any]], cfg: EvalModelConfig) -> str:
 
 
 def _metrics(
-    cfg: EvalModelConfig, preds: list[str], stopped: list[bool], rows: list[dict[str, Any]], errors: set[str]
+    cfg: EvalModelConfig,
+    preds: list[str],
+    stopped: list[bool],
+    rows: list[dict[str, Any]],
+    errors: set[str],
+    verdicts: list[str | None] | None,
 ) -> dict[str, Any]:
     if cfg.role == "decider":
-        return decider_metrics(preds, stopped, rows)
+        return decider_metrics(preds, stopped, rows, verdicts)
     return simulator_metrics(preds, stopped, rows, errors)
 
 
 def _by_family(
-    cfg: EvalModelConfig, preds: list[str], stopped: list[bool], rows: list[dict[str, Any]], errors: set[str]
+    cfg: EvalModelConfig,
+    preds: list[str],
+    stopped: list[bool],
+    rows: list[dict[str, Any]],
+    errors: set[str],
+    verdicts: list[str | None] | None,
 ) -> dict[str, dict[str, Any]]:
     groups: dict[str, list[int]] = {}
     for i, r in enumerate(rows):
         groups.setdefault(str(r.get("family") or "?"), []).append(i)
     return {
-        family: _metrics(cfg, [preds[i] for i in idx], [stopped[i] for i in idx], [rows[i] for i in idx], errors)
+        family: _metrics(
+            cfg,
+            [preds[i] for i in idx],
+            [stopped[i] for i in idx],
+            [rows[i] for i in idx],
+            errors,
+            None if verdicts is None else [verdicts[i] for i in idx],
+        )
         for family, idx in sorted(groups.items())
     }
+
+
+def _trajectory_files(cfg: EvalModelConfig) -> list[Path]:
+    if cfg.trajectories:
+        files = [Path(f.strip()) for f in cfg.trajectories.split(",") if f.strip()]
+    else:
+        config = _dataset_root(cfg) / "config.json"
+        if not config.exists():
+            raise FileNotFoundError(f"replay: {config} does not exist; name the collection files with --trajectories")
+        files = [Path(f) for f in json.loads(config.read_text(encoding="utf-8")).get("inputs", [])]
+    missing = [str(f) for f in files if not f.exists()]
+    if missing or not files:
+        raise FileNotFoundError(
+            f"replay: trajectory file(s) not found: {', '.join(missing) or '(none named)'}; "
+            "name the collection JSONL files the dataset was built from with --trajectories"
+        )
+    return files
+
+
+def replay_verdicts(cfg: EvalModelConfig, rows: list[dict[str, Any]], preds: list[str]) -> list[str | None]:
+    """Per row: None when the prediction matches exactly, else its `simplan.data.replay` verdict."""
+    from tqdm.auto import tqdm
+
+    from simplan.data.build import load_trajectories
+    from simplan.data.replay import Replayer
+
+    misses = [i for i, (p, r) in enumerate(zip(preds, rows)) if normalize(p) != normalize(r["completion"])]
+    verdicts: list[str | None] = [None] * len(rows)
+    if not misses:
+        return verdicts
+    if any("trajectory_id" not in rows[i] or "step" not in rows[i] for i in misses):
+        raise ValueError("replay: the dataset has no trajectory_id/step columns; rebuild it with `simplan build`")
+    wanted = {rows[i]["trajectory_id"] for i in misses}
+    loaded = load_trajectories(_trajectory_files(cfg))
+    by_id = {t.id: t for t in loaded.trajectories if t.id in wanted}
+    with Replayer() as replayer:
+        for i in tqdm(misses, desc="replay misses", unit="row"):
+            traj, step = by_id.get(rows[i]["trajectory_id"]), int(rows[i]["step"])
+            if traj is None:
+                verdicts[i] = "unknown"
+                continue
+            recorded = traj.steps[step].action.text if step < len(traj.steps) else None
+            if recorded is None or normalize(recorded) != normalize(rows[i]["completion"]):
+                raise ValueError(
+                    f"replay: trajectory {traj.id} step {step} is {recorded!r} in the collection files but "
+                    f"{rows[i]['completion']!r} in the dataset: these are not the files it was built from; "
+                    "name those with --trajectories"
+                )
+            verdicts[i] = replayer.equally_short(traj, step, preds[i])
+    return verdicts
 
 
 def evaluate(cfg: EvalModelConfig) -> dict[str, Any]:
@@ -281,6 +381,7 @@ def evaluate(cfg: EvalModelConfig) -> dict[str, Any]:
     )
     results: dict[str, dict[str, Any]] = {}
     predictions: dict[str, list[str]] = {}
+    verdicts: dict[str, list[str | None] | None] = {}
     for variant in variants:
         started = time.perf_counter()
         if variant == "base" and cfg.adapter:
@@ -288,8 +389,9 @@ def evaluate(cfg: EvalModelConfig) -> dict[str, Any]:
                 preds, stopped = generate(model, tokenizer, prompts, cfg.batch_size, max_new)
         else:
             preds, stopped = generate(model, tokenizer, prompts, cfg.batch_size, max_new)
-        metrics = _metrics(cfg, preds, stopped, rows, error_texts)
-        metrics["by_family"] = _by_family(cfg, preds, stopped, rows, error_texts)
+        verdicts[variant] = replay_verdicts(cfg, rows, preds) if cfg.replay else None
+        metrics = _metrics(cfg, preds, stopped, rows, error_texts, verdicts[variant])
+        metrics["by_family"] = _by_family(cfg, preds, stopped, rows, error_texts, verdicts[variant])
         metrics["seconds"] = round(time.perf_counter() - started, 1)
         results[variant] = metrics
         predictions[variant] = preds
@@ -304,9 +406,12 @@ def evaluate(cfg: EvalModelConfig) -> dict[str, Any]:
                 "index": i,
                 "task_id": r.get("task_id"),
                 "family": r.get("family"),
+                "trajectory_id": r.get("trajectory_id"),
+                "step": r.get("step"),
                 "gold": r["completion"],
                 **{v: predictions[v][i] for v in variants},
                 **{f"{v}_exact": normalize(predictions[v][i]) == normalize(r["completion"]) for v in variants},
+                **{f"{v}_replay": vs[i] for v, vs in verdicts.items() if vs is not None},
             }
             for i, r in enumerate(rows)
         ),
