@@ -251,6 +251,18 @@ def test_eval_model_reports_base_and_adapter_side_by_side(trained, tiny: Path, d
     by_family = adapter["by_family"]  # the rows carry no family column: one group
     assert list(by_family) == ["?"] and by_family["?"]["exact"] == 1.0
 
+    # Scoring the saved outputs again needs no model and gives the same numbers.
+    predictions = str(tmp_path / "eval" / "predictions.jsonl")
+    again = evaluate(EvalModelConfig(role="decider", dataset=str(dataset_dir), fold="dev", predictions=predictions))
+    assert again["out"] == str(tmp_path / "eval" / "rescored")
+    for variant in ("adapter", "base"):
+        for key in ("n", "exact", "parse", "stopped", "valid"):
+            assert again["results"][variant][key] == report["results"][variant][key]
+    with pytest.raises(ValueError, match="--limit"):
+        evaluate(
+            EvalModelConfig(role="decider", dataset=str(dataset_dir), fold="dev", predictions=predictions, limit=2)
+        )
+
 
 def test_pick_device_takes_the_gpu_only_when_there_is_one() -> None:
     import torch

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from simplan.data.format import prompt_text
-from simplan.data.io import write_json, write_jsonl, write_text
+from simplan.data.io import iter_jsonl, write_json, write_jsonl, write_text
 
 ROLES = ("decider", "simulator")
 
@@ -71,6 +71,13 @@ class EvalModelConfig:
             "short done now as `equivalent` (see simplan.data.replay; needs the trajectories)"
         },
     )
+    predictions: str = field(
+        default="",
+        metadata={
+            "help": "score the outputs in an earlier run's predictions.jsonl (same --dataset, --fold, --limit) "
+            "instead of generating; e.g. to add --replay"
+        },
+    )
     trajectories: str = field(
         default="",
         metadata={"help": "with --replay: collection JSONL files, comma-separated ('' = the dataset's build inputs)"},
@@ -92,6 +99,8 @@ class EvalModelConfig:
     def out_dir(self) -> Path:
         if self.out:
             return Path(self.out)
+        if self.predictions:
+            return Path(self.predictions).parent / "rescored"
         if self.adapter:
             return Path(self.adapter).parent / f"eval-{self.fold}"
         return Path("runs/eval-model") / f"{Path(self.model).name}-{self.role}-{self.fold}"
@@ -116,13 +125,19 @@ def token_f1(prediction: str, reference: str) -> float:
 
 
 def decider_metrics(
-    preds: list[str], stopped: list[bool], rows: list[dict[str, Any]], verdicts: list[str | None] | None = None
+    preds: list[str],
+    stopped: list[bool] | None,
+    rows: list[dict[str, Any]],
+    verdicts: list[str | None] | None = None,
 ) -> dict[str, Any]:
-    """`verdicts` (with --replay): per row, None for an exact match, else a `simplan.data.replay` verdict."""
+    """`stopped`: None when unknown (outputs read back from an older predictions file: no parse/stopped);
+    `verdicts` (with --replay): per row, None for an exact match, else a `simplan.data.replay` verdict."""
     n = max(len(rows), 1)
     exact = sum(normalize(p) == normalize(r["completion"]) for p, r in zip(preds, rows))
-    parse = sum(bool(p.strip()) and "\n" not in p.strip() and s for p, s in zip(preds, stopped))
-    out: dict[str, Any] = {"n": len(rows), "exact": exact / n, "parse": parse / n, "stopped": sum(stopped) / n}
+    out: dict[str, Any] = {"n": len(rows), "exact": exact / n, "parse": None, "stopped": None}
+    if stopped is not None:
+        out["parse"] = sum(bool(p.strip()) and "\n" not in p.strip() and s for p, s in zip(preds, stopped)) / n
+        out["stopped"] = sum(stopped) / n
     with_valid = [(p, r["valid_actions"]) for p, r in zip(preds, rows) if r.get("valid_actions")]
     if with_valid:
         ok = sum(normalize(p).lower() in {normalize(v).lower() for v in va} for p, va in with_valid)
@@ -137,12 +152,17 @@ def decider_metrics(
 
 
 def simulator_metrics(
-    preds: list[str], stopped: list[bool], rows: list[dict[str, Any]], error_texts: set[str]
+    preds: list[str], stopped: list[bool] | None, rows: list[dict[str, Any]], error_texts: set[str]
 ) -> dict[str, Any]:
     n = max(len(rows), 1)
     exact = sum(normalize(p) == normalize(r["completion"]) for p, r in zip(preds, rows))
     f1 = sum(token_f1(p, r["completion"]) for p, r in zip(preds, rows))
-    out: dict[str, Any] = {"n": len(rows), "exact": exact / n, "token_f1": f1 / n, "stopped": sum(stopped) / n}
+    out: dict[str, Any] = {
+        "n": len(rows),
+        "exact": exact / n,
+        "token_f1": f1 / n,
+        "stopped": None if stopped is None else sum(stopped) / n,
+    }
     if rows and "error" in rows[0]:
         gold = [bool(r["error"]) for r in rows]
         guess = [normalize(p).lower() in error_texts for p in preds]
@@ -246,7 +266,9 @@ def _table(results: dict[str, dict[str, Any]], cfg: EvalModelConfig) -> str:
     lines = [
         f"# eval-model: {cfg.role} on {cfg.dataset} ({cfg.fold})",
         "",
-        f"model `{cfg.model}`" + (f", adapter `{cfg.adapter}`" if cfg.adapter else ""),
+        f"outputs read from `{cfg.predictions}`"
+        if cfg.predictions
+        else f"model `{cfg.model}`" + (f", adapter `{cfg.adapter}`" if cfg.adapter else ""),
         "",
         "| variant | " + " | ".join(keys) + " |",
         "|---" * (len(keys) + 1) + "|",
@@ -264,7 +286,7 @@ def _table(results: dict[str, dict[str, Any]], cfg: EvalModelConfig) -> str:
 def _metrics(
     cfg: EvalModelConfig,
     preds: list[str],
-    stopped: list[bool],
+    stopped: list[bool] | None,
     rows: list[dict[str, Any]],
     errors: set[str],
     verdicts: list[str | None] | None,
@@ -277,7 +299,7 @@ def _metrics(
 def _by_family(
     cfg: EvalModelConfig,
     preds: list[str],
-    stopped: list[bool],
+    stopped: list[bool] | None,
     rows: list[dict[str, Any]],
     errors: set[str],
     verdicts: list[str | None] | None,
@@ -289,7 +311,7 @@ def _by_family(
         family: _metrics(
             cfg,
             [preds[i] for i in idx],
-            [stopped[i] for i in idx],
+            None if stopped is None else [stopped[i] for i in idx],
             [rows[i] for i in idx],
             errors,
             None if verdicts is None else [verdicts[i] for i in idx],
@@ -348,7 +370,11 @@ def replay_verdicts(cfg: EvalModelConfig, rows: list[dict[str, Any]], preds: lis
     return verdicts
 
 
-def evaluate(cfg: EvalModelConfig) -> dict[str, Any]:
+Outputs = dict[str, tuple[list[str], list[bool] | None, float]]  # variant -> (texts, stopped EOS, seconds)
+
+
+def _generate_variants(cfg: EvalModelConfig, rows: list[dict[str, Any]]) -> tuple[Outputs, dict[str, Any]]:
+    """Greedy outputs of the base model and/or the adapter; also the run's facts (device, token cap)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -358,9 +384,6 @@ def evaluate(cfg: EvalModelConfig) -> dict[str, Any]:
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)
     device = pick_device(cfg.device)
-    rows, error_texts = _load_rows(cfg)
-    if not rows:
-        raise ValueError(f"fold: {cfg.fold!r} of {cfg.dataset} has no rows")
     tokenizer = load_tokenizer(cfg.model)
     dtype = getattr(torch, cfg.dtype) if cfg.dtype != "auto" else None
     if dtype is None:
@@ -379,9 +402,7 @@ def evaluate(cfg: EvalModelConfig) -> dict[str, Any]:
     variants: list[str] = (["base"] if not cfg.adapter or cfg.compare_base else []) + (
         ["adapter"] if cfg.adapter else []
     )
-    results: dict[str, dict[str, Any]] = {}
-    predictions: dict[str, list[str]] = {}
-    verdicts: dict[str, list[str | None] | None] = {}
+    outputs: Outputs = {}
     for variant in variants:
         started = time.perf_counter()
         if variant == "base" and cfg.adapter:
@@ -389,14 +410,53 @@ def evaluate(cfg: EvalModelConfig) -> dict[str, Any]:
                 preds, stopped = generate(model, tokenizer, prompts, cfg.batch_size, max_new)
         else:
             preds, stopped = generate(model, tokenizer, prompts, cfg.batch_size, max_new)
+        outputs[variant] = (preds, stopped, time.perf_counter() - started)
+    return outputs, {"device": device, "max_new_tokens": max_new}
+
+
+def _read_predictions(cfg: EvalModelConfig, rows: list[dict[str, Any]]) -> tuple[Outputs, dict[str, Any]]:
+    """The outputs of an earlier run's predictions.jsonl, checked row by row against the fold."""
+    path = Path(cfg.predictions)
+    if not path.exists():
+        raise FileNotFoundError(f"predictions: {path} does not exist; give an eval-model run's predictions.jsonl")
+    records = [json.loads(line) for _, line in iter_jsonl(path)]
+    if len(records) != len(rows):
+        raise ValueError(
+            f"predictions: {path} has {len(records)} rows, the fold {len(rows)}; "
+            "use the run's --dataset, --fold and --limit"
+        )
+    for i, (record, row) in enumerate(zip(records, rows)):
+        if normalize(str(record.get("gold", ""))) != normalize(row["completion"]):
+            raise ValueError(
+                f"predictions: {path}:{i + 1} has gold {record.get('gold')!r} where the fold has "
+                f"{row['completion']!r}; use the run's --dataset, --fold and --limit"
+            )
+    outputs: Outputs = {}
+    for variant in ("base", "adapter"):
+        if variant in records[0]:
+            stopped = [bool(r[f"{variant}_stopped"]) for r in records] if f"{variant}_stopped" in records[0] else None
+            outputs[variant] = ([str(r[variant]) for r in records], stopped, 0.0)
+    if not outputs:
+        raise ValueError(f"predictions: {path} has neither a 'base' nor an 'adapter' column")
+    return outputs, {"predictions": str(path)}
+
+
+def evaluate(cfg: EvalModelConfig) -> dict[str, Any]:
+    rows, error_texts = _load_rows(cfg)
+    if not rows:
+        raise ValueError(f"fold: {cfg.fold!r} of {cfg.dataset} has no rows")
+    outputs, facts = _read_predictions(cfg, rows) if cfg.predictions else _generate_variants(cfg, rows)
+    results: dict[str, dict[str, Any]] = {}
+    verdicts: dict[str, list[str | None] | None] = {}
+    for variant, (preds, stopped, seconds) in outputs.items():
+        started = time.perf_counter()
         verdicts[variant] = replay_verdicts(cfg, rows, preds) if cfg.replay else None
         metrics = _metrics(cfg, preds, stopped, rows, error_texts, verdicts[variant])
         metrics["by_family"] = _by_family(cfg, preds, stopped, rows, error_texts, verdicts[variant])
-        metrics["seconds"] = round(time.perf_counter() - started, 1)
+        metrics["seconds"] = round(seconds + time.perf_counter() - started, 1)
         results[variant] = metrics
-        predictions[variant] = preds
     out = cfg.out_dir()
-    report = {"config": asdict(cfg), "device": device, "max_new_tokens": max_new, "results": results}
+    report = {"config": asdict(cfg), **facts, "results": results}
     write_json(out / "metrics.json", report)
     write_text(out / "metrics.md", _table(results, cfg))
     write_jsonl(
@@ -409,8 +469,12 @@ def evaluate(cfg: EvalModelConfig) -> dict[str, Any]:
                 "trajectory_id": r.get("trajectory_id"),
                 "step": r.get("step"),
                 "gold": r["completion"],
-                **{v: predictions[v][i] for v in variants},
-                **{f"{v}_exact": normalize(predictions[v][i]) == normalize(r["completion"]) for v in variants},
+                **{v: preds[i] for v, (preds, _, _) in outputs.items()},
+                **{
+                    f"{v}_exact": normalize(preds[i]) == normalize(r["completion"])
+                    for v, (preds, _, _) in outputs.items()
+                },
+                **{f"{v}_stopped": stopped[i] for v, (_, stopped, _) in outputs.items() if stopped is not None},
                 **{f"{v}_replay": vs[i] for v, vs in verdicts.items() if vs is not None},
             }
             for i, r in enumerate(rows)
