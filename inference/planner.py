@@ -687,11 +687,8 @@ class Planner:
         if not valid:
             return None
         banned = ep.bans.get(self._real_state_key(ep.obs), set())
-        allowed = [a for a in valid if self._action_key_of_text(a) not in banned]
+        allowed = [a for a in valid if action_key_of_text(self.env, a) not in banned]
         return allowed or list(valid)
-
-    def _action_key_of_text(self, text: str) -> str:
-        return action_key_of_text(self.env, text)
 
     def _prompt_state(
         self,
@@ -730,7 +727,7 @@ class Planner:
 
     def _parse(self, text: str, allowed: list[str] | None) -> Action:
         action = self.env.parse_action(text)
-        if allowed is not None and action.key() not in {self._action_key_of_text(a) for a in allowed}:
+        if allowed is not None and action.key() not in {action_key_of_text(self.env, a) for a in allowed}:
             raise ActionParseError(f"{render_action(action)!r} is not among the valid actions")
         return action
 
