@@ -13,11 +13,12 @@ predictions apart from real mistakes by playing them:
    that undoes a mistake);
 3. the prediction is `equivalent` when it is one of those later actions and playing it now, then the
    rest without it, wins with no failed step in at most as many steps: as short as the expert, only
-   in another order. A later action that breaks the path so is `worse`; anything else (not in the
-   rest) is `other`.
+   in another order. A later action that does not win that way is `worse`; anything else (not in
+   the rest) is `other`.
 
 A sufficient test, not a complete one: an equally short path the expert plan does not contain (a
-different route) is `other`. So `exact <= exact + equivalent <= the share of optimal actions`.
+different route) is `other`. So `exact <= exact + equivalent <= the share of actions as good as
+the expert's`.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from simplan.envs.base import Action, ActionParseError, Env
 from simplan.envs.registry import make_env
 
 Verdict = Literal["equivalent", "worse", "other", "unknown"]
-VERDICTS: tuple[Verdict, ...] = ("equivalent", "worse", "other", "unknown")
 
 
 def plan_position(plan: list[str], done: list[str]) -> int:
