@@ -153,6 +153,8 @@ def test_eval_model_replay_counts_equivalent_misses(tmp_path: Path) -> None:
     cfg = EvalModelConfig(role="decider", dataset=str(tmp_path), replay=True, trajectories=str(files))
     verdicts = replay_verdicts(cfg, rows, preds)
     assert verdicts == ["equivalent", None, "equivalent", "other"]
+    as_folder = EvalModelConfig(role="decider", dataset=str(tmp_path), replay=True, trajectories=str(tmp_path))
+    assert replay_verdicts(as_folder, rows, preds) == verdicts  # folders and globs read as `simplan build` does
     metrics = decider_metrics(preds, [True] * 4, rows, verdicts)
     assert metrics["exact"] == 0.25 and metrics["equivalent"] == 0.5
     assert metrics["exact_or_equivalent"] == 0.75 and metrics["replay_unknown"] == 0.0

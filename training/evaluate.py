@@ -321,20 +321,26 @@ def _by_family(
 
 
 def _trajectory_files(cfg: EvalModelConfig) -> list[Path]:
+    """--trajectories, else the dataset's build inputs; both as `simplan build` reads them (files, folders, globs)."""
+    from simplan.data.build import expand_inputs
+
     if cfg.trajectories:
-        files = [Path(f.strip()) for f in cfg.trajectories.split(",") if f.strip()]
+        inputs = [f.strip() for f in cfg.trajectories.split(",") if f.strip()]
     else:
         config = _dataset_root(cfg) / "config.json"
         if not config.exists():
             raise FileNotFoundError(f"replay: {config} does not exist; name the collection files with --trajectories")
-        files = [Path(f) for f in json.loads(config.read_text(encoding="utf-8")).get("inputs", [])]
-    missing = [str(f) for f in files if not f.exists()]
-    if missing or not files:
+        inputs = [str(f) for f in json.loads(config.read_text(encoding="utf-8")).get("inputs", [])]
+    if not inputs:
         raise FileNotFoundError(
-            f"replay: trajectory file(s) not found: {', '.join(missing) or '(none named)'}; "
-            "name the collection JSONL files the dataset was built from with --trajectories"
+            "replay: no trajectory files named; give the collection JSONL files with --trajectories"
         )
-    return files
+    try:
+        return expand_inputs(inputs)
+    except FileNotFoundError as e:
+        raise FileNotFoundError(
+            f"replay: {e}; name the collection JSONL files the dataset was built from with --trajectories"
+        ) from None
 
 
 def replay_verdicts(cfg: EvalModelConfig, rows: list[dict[str, Any]], preds: list[str]) -> list[str | None]:
@@ -445,6 +451,8 @@ def evaluate(cfg: EvalModelConfig) -> dict[str, Any]:
     rows, error_texts = _load_rows(cfg)
     if not rows:
         raise ValueError(f"fold: {cfg.fold!r} of {cfg.dataset} has no rows")
+    if cfg.replay:
+        _trajectory_files(cfg)  # a missing file fails now, not after minutes of generation
     outputs, facts = _read_predictions(cfg, rows) if cfg.predictions else _generate_variants(cfg, rows)
     results: dict[str, dict[str, Any]] = {}
     verdicts: dict[str, list[str | None] | None] = {}
