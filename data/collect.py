@@ -90,6 +90,12 @@ class CollectConfig:
         default=None, metadata={"help": "only these families (TWX games, ScienceWorld task types, BFCL categories)"}
     )
     limit: int | None = field(default=None, metadata={"help": "tasks per family (first N in the env's order)"})
+    family_limits: dict[str, int] = field(
+        default_factory=dict,
+        metadata={
+            "help": "tasks per family for the named families, overriding `limit` (YAML mapping, e.g. {twc: 96})"
+        },
+    )
     max_tasks: int | None = field(
         default=None, metadata={"help": "tasks in total after `limit`, taken round-robin across families"}
     )
@@ -148,6 +154,11 @@ class CollectConfig:
         for name in ("noise_rate", "invalid_share"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name}: {getattr(self, name)} must be between 0 and 1")
+        if not isinstance(self.family_limits, dict):
+            raise ValueError(f"family_limits: expected a mapping of family to task count, got {self.family_limits!r}")
+        bad_limits = {f: n for f, n in self.family_limits.items() if not isinstance(n, int) or n < 1}
+        if bad_limits:
+            raise ValueError(f"family_limits: {bad_limits} must be whole numbers of at least 1")
         if not isinstance(self.env_kwargs, dict):
             raise ValueError(f"env_kwargs: expected a mapping, got {self.env_kwargs!r}")
         if not self.out:
@@ -187,7 +198,8 @@ class EpisodeOutcome:
 # Task and episode planning
 # ---------------------------------------------------------------------------------------------
 def select_tasks(env: Env, cfg: CollectConfig) -> list[Task]:
-    """The fold's tasks, `limit` per family, then `max_tasks` in total taken round-robin by family."""
+    """The fold's tasks, `limit` per family (`family_limits` for those it names), then `max_tasks` in total
+    taken round-robin by family."""
     tasks = env.tasks(cfg.fold, families=cfg.families, limit=None)
     by_family: dict[str, list[Task]] = {}
     for task in tasks:
@@ -197,7 +209,10 @@ def select_tasks(env: Env, cfg: CollectConfig) -> list[Task]:
         if missing:
             known = sorted({t.family for t in env.tasks(cfg.fold)})
             raise ValueError(f"families: {missing} have no {cfg.fold} tasks in {cfg.env}; known: {known}")
-    groups = [group[: cfg.limit] if cfg.limit else group for group in by_family.values()]
+    unknown = sorted(set(cfg.family_limits) - set(by_family))
+    if unknown:
+        raise ValueError(f"family_limits: {unknown} have no {cfg.fold} tasks here; families: {sorted(by_family)}")
+    groups = [group[: cfg.family_limits.get(family, cfg.limit) or None] for family, group in by_family.items()]
     picked: list[Task] = []
     for i in range(max((len(g) for g in groups), default=0)):
         picked += [g[i] for g in groups if i < len(g)]

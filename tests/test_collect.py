@@ -289,3 +289,16 @@ def test_tools_added_mid_episode_reach_the_dataset_prompts(tmp_path):
                 assert added <= {t["name"] for t in states[i + 1].tools}
                 checked += 1
     assert checked >= 1
+
+
+def test_family_limits_override_the_limit_for_the_families_they_name() -> None:
+    from simplan.data.collect import select_tasks
+
+    env = ToyEnv()
+    assert len(select_tasks(env, CollectConfig(env="toy", limit=10))) == 10
+    picked = select_tasks(env, CollectConfig(env="toy", limit=10, family_limits={"corridor": 3}))
+    assert [t.task_id for t in picked] == ["corridor-0", "corridor-1", "corridor-2"]
+    with pytest.raises(ValueError, match=r"family_limits: \['kitchen'\].*corridor"):
+        select_tasks(env, CollectConfig(env="toy", family_limits={"kitchen": 3}))
+    with pytest.raises(ValueError, match="at least 1"):
+        CollectConfig(env="toy", family_limits={"corridor": 0})
