@@ -291,33 +291,20 @@ def _metrics(
     errors: set[str],
     verdicts: list[str | None] | None,
 ) -> dict[str, Any]:
-    if cfg.role == "decider":
-        return decider_metrics(preds, stopped, rows, verdicts)
-    return simulator_metrics(preds, stopped, rows, errors)
+    """The role's metrics on all rows, with `by_family`: the same on each task family's rows."""
 
+    def on(idx: list[int]) -> dict[str, Any]:
+        def pick(values: list[Any] | None) -> list[Any] | None:
+            return None if values is None else [values[i] for i in idx]
 
-def _by_family(
-    cfg: EvalModelConfig,
-    preds: list[str],
-    stopped: list[bool] | None,
-    rows: list[dict[str, Any]],
-    errors: set[str],
-    verdicts: list[str | None] | None,
-) -> dict[str, dict[str, Any]]:
+        if cfg.role == "decider":
+            return decider_metrics([preds[i] for i in idx], pick(stopped), [rows[i] for i in idx], pick(verdicts))
+        return simulator_metrics([preds[i] for i in idx], pick(stopped), [rows[i] for i in idx], errors)
+
     groups: dict[str, list[int]] = {}
     for i, r in enumerate(rows):
         groups.setdefault(str(r.get("family") or "?"), []).append(i)
-    return {
-        family: _metrics(
-            cfg,
-            [preds[i] for i in idx],
-            None if stopped is None else [stopped[i] for i in idx],
-            [rows[i] for i in idx],
-            errors,
-            None if verdicts is None else [verdicts[i] for i in idx],
-        )
-        for family, idx in sorted(groups.items())
-    }
+    return {**on(list(range(len(rows)))), "by_family": {family: on(idx) for family, idx in sorted(groups.items())}}
 
 
 def _trajectory_files(cfg: EvalModelConfig) -> list[Path]:
@@ -460,7 +447,6 @@ def evaluate(cfg: EvalModelConfig) -> dict[str, Any]:
         started = time.perf_counter()
         verdicts[variant] = replay_verdicts(cfg, rows, preds) if cfg.replay else None
         metrics = _metrics(cfg, preds, stopped, rows, error_texts, verdicts[variant])
-        metrics["by_family"] = _by_family(cfg, preds, stopped, rows, error_texts, verdicts[variant])
         metrics["seconds"] = round(seconds + time.perf_counter() - started, 1)
         results[variant] = metrics
     out = cfg.out_dir()
