@@ -23,8 +23,9 @@ Every metric is also broken down by task family (the dataset's `family` column).
 N rows spread evenly over the families (round robin, each family in fold order), so a small sample
 is not just the first game of the fold.
 
-Writes out/metrics.json, out/metrics.md and out/predictions.jsonl (gold, each variant's output and
-whether it matched exactly, per row).
+Writes out/metrics.json, out/metrics.md and out/predictions.jsonl (per row: gold, each variant's
+output, whether it matched exactly and stopped with EOS, and with --replay its verdict).
+`--predictions FILE` scores such a file again without a model (e.g. to add --replay later).
 """
 
 from __future__ import annotations
