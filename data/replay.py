@@ -23,7 +23,7 @@ the expert's`.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from simplan.data.trajectory import Trajectory
 from simplan.envs.base import Action, ActionParseError, Env
@@ -44,13 +44,12 @@ def plan_position(plan: list[str], done: list[str]) -> int:
 class Replayer:
     """Replays steps of recorded trajectories; keeps one env per env name and closes them on exit."""
 
-    def __init__(self, env_kwargs: dict[str, dict[str, Any]] | None = None) -> None:
-        self._env_kwargs = env_kwargs or {}
+    def __init__(self) -> None:
         self._envs: dict[str, Env] = {}
 
     def _env(self, name: str) -> Env:
         if name not in self._envs:
-            self._envs[name] = make_env(name, **self._env_kwargs.get(name, {}))
+            self._envs[name] = make_env(name)
         return self._envs[name]
 
     def _replay(self, env: Env, traj: Trajectory, step: int) -> list[Action] | None:

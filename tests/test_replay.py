@@ -10,7 +10,7 @@ from simplan.data.replay import Replayer, plan_position
 from simplan.data.trajectory import Step, Trajectory
 from simplan.envs.base import Action, ActionParseError, Observation, StepResult, Task, parse_command
 from simplan.envs.registry import register
-from simplan.training.evaluate import EvalModelConfig, decider_metrics, replay_verdicts
+from simplan.training.evaluate import EvalModelConfig, decider_metrics, load_replay_trajectories, replay_verdicts
 
 
 class PantryEnv:
@@ -151,18 +151,19 @@ def test_eval_model_replay_counts_equivalent_misses(tmp_path: Path) -> None:
     ]
     preds = ["take pear", "take pear", "put pear in basket", "eat apple"]
     cfg = EvalModelConfig(role="decider", dataset=str(tmp_path), replay=True, trajectories=str(files))
-    verdicts = replay_verdicts(cfg, rows, preds)
+    verdicts = replay_verdicts(load_replay_trajectories(cfg, rows), rows, preds)
     assert verdicts == ["equivalent", None, "equivalent", "other"]
     as_folder = EvalModelConfig(role="decider", dataset=str(tmp_path), replay=True, trajectories=str(tmp_path))
-    assert replay_verdicts(as_folder, rows, preds) == verdicts  # folders and globs read as `simplan build` does
+    # Folders and globs are read as `simplan build` reads them.
+    assert replay_verdicts(load_replay_trajectories(as_folder, rows), rows, preds) == verdicts
     metrics = decider_metrics(preds, [True] * 4, rows, verdicts)
     assert metrics["exact"] == 0.25 and metrics["equivalent"] == 0.5
     assert metrics["exact_or_equivalent"] == 0.75 and metrics["replay_unknown"] == 0.0
 
     rows[1]["completion"] = "take banana"  # a dataset built from other files: refuse, name the option
     with pytest.raises(ValueError, match="--trajectories"):
-        replay_verdicts(cfg, rows, ["take pear", "take pear", "x", "x"])
+        replay_verdicts(load_replay_trajectories(cfg, rows), rows, ["take pear", "take pear", "x", "x"])
     with pytest.raises(FileNotFoundError, match="--trajectories"):
-        replay_verdicts(EvalModelConfig(dataset=str(tmp_path), replay=True), rows, preds)
+        load_replay_trajectories(EvalModelConfig(dataset=str(tmp_path), replay=True), rows)
     with pytest.raises(ValueError, match="only the decider"):
         EvalModelConfig(role="simulator", dataset="d", replay=True)

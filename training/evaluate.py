@@ -35,10 +35,13 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from simplan.data.format import prompt_text
 from simplan.data.io import iter_jsonl, write_json, write_jsonl, write_text
+
+if TYPE_CHECKING:
+    from simplan.data.trajectory import Trajectory
 
 ROLES = ("decider", "simulator")
 
@@ -331,25 +334,32 @@ def _trajectory_files(cfg: EvalModelConfig) -> list[Path]:
         ) from None
 
 
-def replay_verdicts(cfg: EvalModelConfig, rows: list[dict[str, Any]], preds: list[str]) -> list[str | None]:
+def load_replay_trajectories(cfg: EvalModelConfig, rows: list[dict[str, Any]]) -> dict[str, Trajectory]:
+    """The recorded trajectories of the fold's rows, by id: read once, before any generation, so a
+    missing file or a dataset without trajectory columns fails before minutes of work."""
+    from simplan.data.build import load_trajectories
+
+    if any("trajectory_id" not in r or "step" not in r for r in rows):
+        raise ValueError("replay: the dataset has no trajectory_id/step columns; rebuild it with `simplan build`")
+    wanted = {r["trajectory_id"] for r in rows}
+    return {t.id: t for t in load_trajectories(_trajectory_files(cfg)).trajectories if t.id in wanted}
+
+
+def replay_verdicts(
+    trajectories: dict[str, Trajectory], rows: list[dict[str, Any]], preds: list[str]
+) -> list[str | None]:
     """Per row: None when the prediction matches exactly, else its `simplan.data.replay` verdict."""
     from tqdm.auto import tqdm
 
-    from simplan.data.build import load_trajectories
     from simplan.data.replay import Replayer
 
     misses = [i for i, (p, r) in enumerate(zip(preds, rows)) if normalize(p) != normalize(r["completion"])]
     verdicts: list[str | None] = [None] * len(rows)
     if not misses:
         return verdicts
-    if any("trajectory_id" not in rows[i] or "step" not in rows[i] for i in misses):
-        raise ValueError("replay: the dataset has no trajectory_id/step columns; rebuild it with `simplan build`")
-    wanted = {rows[i]["trajectory_id"] for i in misses}
-    loaded = load_trajectories(_trajectory_files(cfg))
-    by_id = {t.id: t for t in loaded.trajectories if t.id in wanted}
     with Replayer() as replayer:
         for i in tqdm(misses, desc="replay misses", unit="row"):
-            traj, step = by_id.get(rows[i]["trajectory_id"]), int(rows[i]["step"])
+            traj, step = trajectories.get(rows[i]["trajectory_id"]), int(rows[i]["step"])
             if traj is None:
                 verdicts[i] = "unknown"
                 continue
@@ -439,14 +449,13 @@ def evaluate(cfg: EvalModelConfig) -> dict[str, Any]:
     rows, error_texts = _load_rows(cfg)
     if not rows:
         raise ValueError(f"fold: {cfg.fold!r} of {cfg.dataset} has no rows")
-    if cfg.replay:
-        _trajectory_files(cfg)  # a missing file fails now, not after minutes of generation
+    trajectories = load_replay_trajectories(cfg, rows) if cfg.replay else None
     outputs, facts = _read_predictions(cfg, rows) if cfg.predictions else _generate_variants(cfg, rows)
     results: dict[str, dict[str, Any]] = {}
     verdicts: dict[str, list[str | None] | None] = {}
     for variant, (preds, stopped, seconds) in outputs.items():
         started = time.perf_counter()
-        verdicts[variant] = replay_verdicts(cfg, rows, preds) if cfg.replay else None
+        verdicts[variant] = None if trajectories is None else replay_verdicts(trajectories, rows, preds)
         metrics = _metrics(cfg, preds, stopped, rows, error_texts, verdicts[variant])
         metrics["seconds"] = round(seconds + time.perf_counter() - started, 1)
         results[variant] = metrics
