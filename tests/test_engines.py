@@ -373,15 +373,28 @@ def test_same_episode_through_vllm_and_hf(vllm_engine, hf):
 
 
 def test_shared_prefix_scoring_equals_full_rows(tiny):
-    """The fast path (prompt once, KV cache repeated per candidate) gives the full-row logprobs."""
+    """The fast path (prompt once, the candidates as one token tree) gives the full-row logprobs."""
     base, adapters = tiny
     fast = make_engine("hf", base, adapters, dtype="float32", threads=1)
     slow = make_engine("hf", base, adapters, dtype="float32", threads=1)
     slow.shared_prefix_scoring = False
-    reqs = [
-        ScoreRequest(candidates=CHOICES + ["x"], adapter=a, messages=m) for m in PROMPTS for a in (None, "decider")
-    ]
+    # Candidates sharing prefixes ("take key" / "take key holder" / "take keys") share trie nodes.
+    candidates = CHOICES + ["x", "take key holder", "take keys", "go north east", "open door to the north"]
+    reqs = [ScoreRequest(candidates=candidates, adapter=a, messages=m) for m in PROMPTS for a in (None, "decider")]
     for f, s in zip(fast.score(reqs), slow.score(reqs)):
         assert f.logprobs == pytest.approx(s.logprobs, abs=1e-4)
         assert f.num_tokens == s.num_tokens
     assert len({round(x, 3) for x in fast.score(reqs[:1])[0].logprobs}) > 1  # candidates really differ
+
+
+def test_shared_prefix_scoring_equals_full_rows_on_qwen2():
+    """Qwen2 (biased projections, its own mask path) takes the token tree's 4D mask the same way."""
+    from simplan.training.tiny import tiny_model
+
+    base = str(tiny_model("qwen2"))
+    fast = make_engine("hf", base, dtype="float32", threads=1)
+    slow = make_engine("hf", base, dtype="float32", threads=1)
+    slow.shared_prefix_scoring = False
+    reqs = [ScoreRequest(candidates=CHOICES + ["take key holder", "take keys"], messages=m) for m in PROMPTS]
+    for f, s in zip(fast.score(reqs), slow.score(reqs)):
+        assert f.logprobs == pytest.approx(s.logprobs, abs=1e-4)

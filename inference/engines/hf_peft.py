@@ -41,6 +41,7 @@ from simplan.inference.engines.common import (
 )
 
 BACKEND = "hf"
+TRIE_CANDIDATES = 256  # candidates scored in one token tree over a shared prompt (bounds its logits' memory)
 
 
 class HFPeftEngine:
@@ -302,8 +303,8 @@ class HFPeftEngine:
                     for k in idx:
                         by_request[rows[k].request].append(k)
                     for ks in by_request.values():
-                        for s in range(0, len(ks), self.batch_size):
-                            chunk = ks[s : s + self.batch_size]
+                        for s in range(0, len(ks), TRIE_CANDIDATES):
+                            chunk = ks[s : s + TRIE_CANDIDATES]
                             for k, v in zip(chunk, self._shared_prefix_logprobs([rows[k] for k in chunk])):
                                 values[k] = v
                     continue
@@ -315,39 +316,48 @@ class HFPeftEngine:
         return score_results(requests, rows, values, lengths, 0.0)
 
     def _shared_prefix_logprobs(self, rows: list[ScoreRow]) -> list[float]:
-        """Like `_row_logprobs` for rows that share one prompt: the prompt runs once, its KV cache is
-        repeated for every candidate, and only the candidates' own tokens are computed.
+        """Like `_row_logprobs` for rows that share one prompt: the prompt runs once, then every
+        candidate's tokens run together as one token tree (a trie: a prefix shared by several candidates,
+        like `put key in`, is computed once) in a single forward pass over the prompt's KV cache, each
+        token attending to the prompt and its own ancestors only.
 
-        Scoring K valid actions after a ~600-token prompt then costs one prompt pass plus K x a few
-        tokens instead of K x 600: the planner's main cost on the CPU.
+        Scoring K valid actions after a ~600-token prompt then costs one prompt pass plus the trie's few
+        dozen tokens instead of K x 600: the planner's main cost on the CPU.
         """
         torch = self.torch
         start = rows[0].start
         prompt = rows[0].ids[:start]
         assert all(r.start == start and r.ids[:start] == prompt for r in rows), "rows must share their prompt"
-        tails = [r.ids[start:] for r in rows]
-        width = max(len(t) for t in tails)
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        tokens, parents, paths = _token_trie([r.ids[start:] for r in rows])
+        n = len(tokens)
+        depth = [0] * n
+        allowed = torch.zeros(n, start + n, dtype=torch.bool)
+        allowed[:, :start] = True
+        for i, parent in enumerate(parents):  # parents come before their children
+            if parent >= 0:
+                depth[i] = depth[parent] + 1
+                allowed[i, start : start + n] = allowed[parent, start : start + n]
+            allowed[i, start + i] = True
         dev = self.device
-        tail_ids = torch.tensor([t + [pad] * (width - len(t)) for t in tails], device=dev)
-        tail_mask = torch.tensor([[1] * len(t) + [0] * (width - len(t)) for t in tails], device=dev)
+        dtype = self.model.dtype
+        mask = torch.zeros(1, 1, n, start + n, dtype=dtype)
+        mask.masked_fill_(~allowed, torch.finfo(dtype).min)  # additive: right for sdpa and eager attention
         with torch.inference_mode():
             out = self.model(input_ids=torch.tensor([prompt], device=dev), use_cache=True, logits_to_keep=1)
-            cache = out.past_key_values
-            cache.batch_repeat_interleave(len(rows))
-            mask = torch.cat([torch.ones(len(rows), start, dtype=tail_mask.dtype, device=dev), tail_mask], dim=1)
-            positions = torch.arange(start, start + width, device=dev).unsqueeze(0).expand(len(rows), -1)
             logits = self.model(
-                input_ids=tail_ids, attention_mask=mask, position_ids=positions, past_key_values=cache
+                input_ids=torch.tensor([tokens], device=dev),
+                attention_mask=mask.to(dev),
+                position_ids=torch.tensor([[start + d for d in depth]], device=dev),
+                past_key_values=out.past_key_values,
             ).logits.float()
-        # The prompt's last position predicts each tail's first token; tail position t predicts t+1.
-        first = torch.log_softmax(out.logits[:, -1].float(), dim=-1)[0].cpu()
-        logps = torch.log_softmax(logits[:, :-1], dim=-1).cpu()
+        # The prompt's last position predicts each first token; trie node i predicts its children.
+        first = torch.log_softmax(out.logits[0, -1].float(), dim=-1).cpu()
+        logps = torch.log_softmax(logits[0], dim=-1).cpu()
         result = []
-        for i, t in enumerate(tails):
-            total = first[t[0]]
-            if len(t) > 1:
-                total = total + logps[i, torch.arange(len(t) - 1), torch.tensor(t[1:])].sum()
+        for path in paths:
+            total = first[tokens[path[0]]]
+            for parent, child in zip(path, path[1:]):
+                total = total + logps[parent, tokens[child]]
             result.append(float(total))
         return result
 
@@ -382,3 +392,25 @@ def _grammar_key(r: GenerationRequest) -> tuple[str, str] | None:
     if r.json_schema is not None:
         return ("json", json.dumps(r.json_schema, sort_keys=True))
     return None
+
+
+def _token_trie(tails: list[list[int]]) -> tuple[list[int], list[int], list[list[int]]]:
+    """The candidates' token sequences as a trie: (token per node, parent node or -1, each tail's node path).
+
+    Nodes are numbered in insertion order, so a parent always precedes its children."""
+    tokens: list[int] = []
+    parents: list[int] = []
+    children: dict[tuple[int, int], int] = {}
+    paths: list[list[int]] = []
+    for tail in tails:
+        node, path = -1, []
+        for token in tail:
+            key = (node, token)
+            if key not in children:
+                children[key] = len(tokens)
+                tokens.append(token)
+                parents.append(node)
+            node = children[key]
+            path.append(node)
+        paths.append(path)
+    return tokens, parents, paths
