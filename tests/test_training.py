@@ -264,6 +264,35 @@ def test_eval_model_reports_base_and_adapter_side_by_side(trained, tiny: Path, d
         )
 
 
+def test_eval_model_decode_choices_picks_a_valid_action(trained, tiny: Path, dataset_dir: Path, tmp_path: Path):
+    from simplan.training.evaluate import EvalModelConfig, evaluate
+
+    result, _ = trained
+    cfg = EvalModelConfig(
+        role="decider",
+        dataset=str(dataset_dir),
+        fold="dev",
+        model=str(tiny),
+        adapter=str(result.adapter_dir),
+        dtype="float32",
+        decode="choices",
+    )
+    assert cfg.out_dir() == result.adapter_dir.parent / "eval-dev-choices"  # beside, not over, the free run
+    report = evaluate(EvalModelConfig(**{**vars(cfg), "out": str(tmp_path / "choices")}))
+    adapter, base = report["results"]["adapter"], report["results"]["base"]
+    # The random base model rarely writes a valid action on its own; constrained, every output is one.
+    assert base["valid"] == 1.0 and base["parse"] == 1.0 and base["stopped"] == 1.0
+    assert adapter["exact"] == 1.0 and adapter["valid"] == 1.0
+    rows = [json.loads(line) for line in (tmp_path / "choices" / "predictions.jsonl").read_text().splitlines()]
+    valid = {"go east", "take key", "open door"}
+    assert all(r["base"] in valid for r in rows)
+    assert "--decode choices" in (tmp_path / "choices" / "metrics.md").read_text()
+    with pytest.raises(ValueError, match="simulator"):
+        EvalModelConfig(role="simulator", dataset="x", decode="choices")
+    with pytest.raises(ValueError, match="decode"):
+        EvalModelConfig(role="decider", dataset="x", decode="beam")
+
+
 def test_pick_device_takes_the_gpu_only_when_there_is_one() -> None:
     import torch
 

@@ -19,6 +19,14 @@ short as the expert's (another order of interchangeable steps); `exact_or_equiva
 `exact`, and `replay_unknown` counts misses that could not be judged (env not replayable). Exact
 match stays the headline number; the replay says how many misses were real mistakes.
 
+`--decode choices` (decider) decodes as the planning loop does with `propose: score`: every valid
+action of the row (the prompt's list) is scored whole, EOS included, by the hf engine
+(simplan.inference.engines.hf_peft), and the most likely one is the output; rows without valid
+actions are generated freely, as the planner does for them. `valid` is then 100% by construction
+and `exact` measures the decider's first proposal in an episode. The default `free` is plain greedy
+text, which shows whether the model writes valid actions on its own. vLLM's `choice` decodes token
+by token under a grammar, which can differ when two valid actions share a prefix.
+
 Every metric is also broken down by task family (the dataset's `family` column). `--limit N` takes
 N rows spread evenly over the families (round robin, each family in fold order), so a small sample
 is not just the first game of the fold.
@@ -44,6 +52,7 @@ if TYPE_CHECKING:
     from simplan.data.trajectory import Trajectory
 
 ROLES = ("decider", "simulator")
+DECODES = ("free", "choices")
 
 
 @dataclass
@@ -86,6 +95,13 @@ class EvalModelConfig:
         default="",
         metadata={"help": "with --replay: collection JSONL files, comma-separated ('' = the dataset's build inputs)"},
     )
+    decode: str = field(
+        default="free",
+        metadata={
+            "help": "decider: free (greedy text) or choices (the most likely of the row's valid actions, "
+            "scored whole: the planner's first proposal)"
+        },
+    )
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -99,15 +115,22 @@ class EvalModelConfig:
             raise ValueError(f"batch_size: {self.batch_size} must be positive")
         if self.replay and self.role != "decider":
             raise ValueError("replay: only the decider's actions can be replayed; drop --replay for the simulator")
+        if self.decode not in DECODES:
+            raise ValueError(f"decode: {self.decode!r} is not one of {DECODES}")
+        if self.decode == "choices" and self.role != "decider":
+            raise ValueError("decode: choices picks among a decider's valid actions; use free for the simulator")
+        if self.decode == "choices" and self.predictions:
+            raise ValueError("decode: --predictions scores saved outputs, nothing is decoded; drop --decode")
 
     def out_dir(self) -> Path:
         if self.out:
             return Path(self.out)
         if self.predictions:
             return Path(self.predictions).parent / "rescored"
+        suffix = "-choices" if self.decode == "choices" else ""
         if self.adapter:
-            return Path(self.adapter).parent / f"eval-{self.fold}"
-        return Path("runs/eval-model") / f"{Path(self.model).name}-{self.role}-{self.fold}"
+            return Path(self.adapter).parent / f"eval-{self.fold}{suffix}"
+        return Path("runs/eval-model") / f"{Path(self.model).name}-{self.role}-{self.fold}{suffix}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -272,7 +295,9 @@ def _table(results: dict[str, dict[str, Any]], cfg: EvalModelConfig) -> str:
         "",
         f"outputs read from `{cfg.predictions}`"
         if cfg.predictions
-        else f"model `{cfg.model}`" + (f", adapter `{cfg.adapter}`" if cfg.adapter else ""),
+        else f"model `{cfg.model}`"
+        + (f", adapter `{cfg.adapter}`" if cfg.adapter else "")
+        + (", decoding: the most likely valid action (`--decode choices`)" if cfg.decode == "choices" else ""),
         "",
         "| variant | " + " | ".join(keys) + " |",
         "|---" * (len(keys) + 1) + "|",
@@ -387,25 +412,28 @@ def _generate_variants(cfg: EvalModelConfig, rows: list[dict[str, Any]]) -> tupl
 
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)
+    if cfg.adapter and not (Path(cfg.adapter) / "adapter_config.json").exists():
+        raise FileNotFoundError(f"adapter: {cfg.adapter} has no adapter_config.json; give train's output/adapter")
     device = pick_device(cfg.device)
     tokenizer = load_tokenizer(cfg.model)
     dtype = getattr(torch, cfg.dtype) if cfg.dtype != "auto" else None
     if dtype is None:
         dtype = torch.bfloat16 if bf16_supported() else torch.float32
+    max_new = cfg.max_new_tokens or (
+        max(len(ids) for ids in tokenizer([r["completion"] for r in rows], add_special_tokens=False)["input_ids"]) + 16
+    )
+    variants: list[str] = (["base"] if not cfg.adapter or cfg.compare_base else []) + (
+        ["adapter"] if cfg.adapter else []
+    )
+    facts = {"device": device, "max_new_tokens": max_new}
+    if cfg.decode == "choices":
+        return _choose_variants(cfg, rows, variants, str(dtype).removeprefix("torch."), device, max_new), facts
     model = AutoModelForCausalLM.from_pretrained(resolve_model(cfg.model), dtype=dtype).to(device).eval()
     if cfg.adapter:
         from peft import PeftModel
 
-        if not (Path(cfg.adapter) / "adapter_config.json").exists():
-            raise FileNotFoundError(f"adapter: {cfg.adapter} has no adapter_config.json; give train's output/adapter")
         model = PeftModel.from_pretrained(model, cfg.adapter).eval()
-    max_new = cfg.max_new_tokens or (
-        max(len(ids) for ids in tokenizer([r["completion"] for r in rows], add_special_tokens=False)["input_ids"]) + 16
-    )
     prompts = [r["prompt"] for r in rows]
-    variants: list[str] = (["base"] if not cfg.adapter or cfg.compare_base else []) + (
-        ["adapter"] if cfg.adapter else []
-    )
     outputs: Outputs = {}
     for variant in variants:
         started = time.perf_counter()
@@ -415,7 +443,43 @@ def _generate_variants(cfg: EvalModelConfig, rows: list[dict[str, Any]]) -> tupl
         else:
             preds, stopped = generate(model, tokenizer, prompts, cfg.batch_size, max_new)
         outputs[variant] = (preds, stopped, time.perf_counter() - started)
-    return outputs, {"device": device, "max_new_tokens": max_new}
+    return outputs, facts
+
+
+def _choose_variants(
+    cfg: EvalModelConfig, rows: list[dict[str, Any]], variants: list[str], dtype: str, device: str, max_new: int
+) -> Outputs:
+    """`--decode choices`: each variant's most likely valid action per row, through the planner's hf engine."""
+    from tqdm.auto import tqdm
+
+    from simplan.inference.engine import GenerationRequest
+    from simplan.inference.engines.hf_peft import HFPeftEngine
+
+    engine = HFPeftEngine(
+        cfg.model,
+        {"adapter": cfg.adapter} if cfg.adapter else None,
+        dtype=dtype,
+        batch_size=cfg.batch_size,
+        device=device,
+    )
+    outputs: Outputs = {}
+    for variant in variants:
+        started = time.perf_counter()
+        preds: list[str] = []
+        stopped: list[bool] = []
+        for r in tqdm(rows, desc=f"choose ({variant})", unit="row"):
+            request = GenerationRequest(
+                adapter="adapter" if variant == "adapter" else None,
+                messages=r["prompt"],
+                choices=list(r.get("valid_actions") or []) or None,  # none listed: free text, as the planner
+                max_tokens=max_new,
+            )
+            (result,) = engine.generate([request])
+            preds.append(result.completions[0].text)
+            stopped.append(result.completions[0].finish_reason == "stop")
+        outputs[variant] = (preds, stopped, time.perf_counter() - started)
+    engine.close()
+    return outputs
 
 
 def _read_predictions(cfg: EvalModelConfig, rows: list[dict[str, Any]]) -> tuple[Outputs, dict[str, Any]]:
