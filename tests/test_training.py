@@ -227,20 +227,26 @@ def test_config_validation_names_the_field() -> None:
         TrainArguments(bf16="maybe")
 
 
-def test_eval_model_reports_base_and_adapter_side_by_side(trained, tiny: Path, dataset_dir: Path, tmp_path: Path):
-    from simplan.training.evaluate import EvalModelConfig, evaluate
+def _eval_config(adapter: Path, tiny: Path, dataset_dir: Path, **kw):
+    """eval-model of the trained tiny adapter (and its base) on the dev fold, in float32."""
+    from simplan.training.evaluate import EvalModelConfig
 
-    result, _ = trained
-    cfg = EvalModelConfig(
+    return EvalModelConfig(
         role="decider",
         dataset=str(dataset_dir),
         fold="dev",
         model=str(tiny),
-        adapter=str(result.adapter_dir),
+        adapter=str(adapter),
         dtype="float32",
-        out=str(tmp_path / "eval"),
+        **kw,
     )
-    report = evaluate(cfg)
+
+
+def test_eval_model_reports_base_and_adapter_side_by_side(trained, tiny: Path, dataset_dir: Path, tmp_path: Path):
+    from simplan.training.evaluate import EvalModelConfig, evaluate
+
+    result, _ = trained
+    report = evaluate(_eval_config(result.adapter_dir, tiny, dataset_dir, out=str(tmp_path / "eval")))
     adapter, base = report["results"]["adapter"], report["results"]["base"]
     assert adapter["n"] == 4 and adapter["exact"] == 1.0 and adapter["parse"] == 1.0 and adapter["valid"] == 1.0
     assert base["exact"] < 1.0
@@ -268,25 +274,17 @@ def test_eval_model_decode_choices_picks_a_valid_action(trained, tiny: Path, dat
     from simplan.training.evaluate import EvalModelConfig, evaluate
 
     result, _ = trained
-    cfg = EvalModelConfig(
-        role="decider",
-        dataset=str(dataset_dir),
-        fold="dev",
-        model=str(tiny),
-        adapter=str(result.adapter_dir),
-        dtype="float32",
-        decode="choices",
-    )
+    cfg = _eval_config(result.adapter_dir, tiny, dataset_dir, decode="choices")
     assert cfg.out_dir() == result.adapter_dir.parent / "eval-dev-choices"  # beside, not over, the free run
-    report = evaluate(EvalModelConfig(**{**vars(cfg), "out": str(tmp_path / "choices")}))
+    report = evaluate(_eval_config(result.adapter_dir, tiny, dataset_dir, decode="choices", out=str(tmp_path / "c")))
     adapter, base = report["results"]["adapter"], report["results"]["base"]
     # The random base model rarely writes a valid action on its own; constrained, every output is one.
     assert base["valid"] == 1.0 and base["parse"] == 1.0 and base["stopped"] == 1.0
     assert adapter["exact"] == 1.0 and adapter["valid"] == 1.0
-    rows = [json.loads(line) for line in (tmp_path / "choices" / "predictions.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (tmp_path / "c" / "predictions.jsonl").read_text().splitlines()]
     valid = {"go east", "take key", "open door"}
     assert all(r["base"] in valid for r in rows)
-    assert "--decode choices" in (tmp_path / "choices" / "metrics.md").read_text()
+    assert "--decode choices" in (tmp_path / "c" / "metrics.md").read_text()
     with pytest.raises(ValueError, match="simulator"):
         EvalModelConfig(role="simulator", dataset="x", decode="choices")
     with pytest.raises(ValueError, match="decode"):
