@@ -157,7 +157,7 @@ def plan_episodes(suite: Suite, arms: list[str], repeats: int) -> list[EpisodeSp
 
 
 def planner_config(cfg: EvalConfig, arm: str, entry: SuiteEntry) -> Any:
-    from simplan.inference.planner import PlannerConfig
+    from simplan.inference.planner_config import PlannerConfig
 
     values = {**cfg.planner, **cfg.arm_overrides.get(arm, {}), "arm": arm, "max_steps": entry.max_steps}
     try:

@@ -1,0 +1,203 @@
+"""Settings of the planning loop and the per-task budgets they imply (used by inference/planner.py).
+
+    config = PlannerConfig(arm="simplan", k=4, horizon=3)      # None fields come from the arm preset
+    budgets = Router(config).budgets(task)                      # family_budgets applied for task.family
+
+Every field has a default and a help string, so `simplan run` / `simplan eval` parse them from YAML
+recipes and flags; `__post_init__` fills the arm preset (inference/arms.py) and rejects bad values
+naming the field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from simplan.data.format import DEFAULT_MAX_FAILURES, DEFAULT_MAX_HISTORY
+from simplan.envs.base import Task
+from simplan.inference.arms import ARMS, arm_preset
+from simplan.inference.judge import JudgeWeights, compile_patterns
+from simplan.inference.pivots import SIMILARITIES
+
+PROPOSE_MODES = ("auto", "score", "sample")
+ON_REPLAN_BUDGET = ("react", "stop")
+IMAGINED_ACTIONS = ("seen", "free")
+
+
+def _help(text: str) -> dict[str, str]:
+    return {"help": text}
+
+
+@dataclass
+class PlannerConfig:
+    """Settings of the planning loop. Fields left at None come from the arm preset (inference/arms.py)."""
+
+    arm: str = field(default="simplan", metadata=_help(f"agent arm: {', '.join(ARMS)}"))
+    k: int | None = field(default=None, metadata=_help("candidate first actions per decision (arm preset)"))
+    horizon: int | None = field(default=None, metadata=_help("imagined steps per candidate, H (arm preset)"))
+    pivots: bool | None = field(default=None, metadata=_help("watch real steps with the pivot rules (arm preset)"))
+    adaptive: bool | None = field(
+        default=None, metadata=_help("skip simulation when the decider is confident (arm preset)")
+    )
+    confident_margin: float = field(
+        default=0.6, metadata=_help("adaptive: top-1 minus top-2 probability at which simulation is skipped")
+    )
+    propose: str = field(
+        default="auto",
+        metadata=_help("how the decider proposes: score valid actions, sample n=K, or auto (score when listed)"),
+    )
+    temperature: float = field(default=0.8, metadata=_help("sampling temperature of proposals (sample mode)"))
+    top_p: float = field(default=0.95, metadata=_help("nucleus sampling of proposals (sample mode)"))
+    decider_max_tokens: int = field(default=48, metadata=_help("max new tokens of a decider completion"))
+    simulator_max_tokens: int = field(default=128, metadata=_help("max new tokens of a simulator completion"))
+    decider_adapter: str = field(default="decider", metadata=_help("engine adapter of the decider ('' = base)"))
+    simulator_adapter: str = field(default="simulator", metadata=_help("engine adapter of the simulator ('' = base)"))
+    prompt_budget: int = field(default=1024, metadata=_help("prompt tokens; oldest history steps are dropped"))
+    max_history: int = field(
+        default=DEFAULT_MAX_HISTORY, metadata=_help("history steps shown in a prompt (before the budget)")
+    )
+    imagined_actions: str = field(
+        default="seen",
+        metadata=_help("actions offered in imagined states: seen (valid actions seen so far, constrained) or free"),
+    )
+    max_steps: int = field(default=50, metadata=_help("real actions per episode"))
+    max_replans: int = field(default=10, metadata=_help("pivot-triggered replans per episode"))
+    on_replan_budget: str = field(
+        default="react",
+        metadata=_help("when the replans are spent: react (act one decided step at a time) or stop the episode"),
+    )
+    token_budget: int = field(default=0, metadata=_help("model tokens (prompt + completion) per episode; 0 = none"))
+    family_budgets: dict = field(
+        default_factory=dict,
+        metadata=_help("per task family overrides, e.g. {cookingworld: {max_steps: 80, horizon: 4}}"),
+    )
+    mismatch_threshold: float = field(
+        default=0.75, metadata=_help("expectation mismatch fires below this similarity (0..1)")
+    )
+    similarity: str = field(default="token_f1", metadata=_help(f"observation similarity: {', '.join(SIMILARITIES)}"))
+    repeat_limit: int = field(default=3, metadata=_help("repeated_action: same action / same pair this many times"))
+    no_progress_steps: int = field(default=8, metadata=_help("no_progress: steps without a score increase"))
+    min_score_drop: float = field(default=0.0, metadata=_help("score_drop: fires when the score falls more"))
+    budget_fraction: float = field(default=0.9, metadata=_help("budget_nearly_exhausted: fraction of a budget"))
+    warning_threshold: int = field(default=2, metadata=_help("warnings that together fire a pivot"))
+    w_error: float = field(default=-2.0, metadata=_help("judge weight: predicted error/invalid outcome"))
+    w_progress: float = field(default=1.0, metadata=_help("judge weight: predicted progress/reward"))
+    w_repeat: float = field(default=-0.5, metadata=_help("judge weight: repeats of seen (action, observation)"))
+    w_failed: float = field(default=-1.0, metadata=_help("judge weight: actions in the failure memory"))
+    w_length: float = field(default=-0.05, metadata=_help("judge weight: per imagined step"))
+    w_likelihood: float = field(default=0.5, metadata=_help("judge weight: decider probability of the 1st action"))
+    discount: float = field(default=0.9, metadata=_help("judge: weight of imagined step i is discount**i"))
+    judge_threshold: float = field(
+        default=-1.0, metadata=_help("below this total only the plan's first action is committed")
+    )
+    sim_cache: bool = field(default=True, metadata=_help("cache simulator predictions by (state, action)"))
+    cache_history: int = field(default=2, metadata=_help("history steps that are part of a cached state's key"))
+    max_failures: int = field(
+        default=DEFAULT_MAX_FAILURES, metadata=_help("failure-memory notes shown in prompts (newest distinct)")
+    )
+    error_patterns: list[str] = field(
+        default_factory=list, metadata=_help("extra regexes of error observations (added to the env's)")
+    )
+    progress_patterns: list[str] = field(
+        default_factory=list, metadata=_help("extra regexes of progress observations (added to the env's)")
+    )
+    fallback_action: str = field(
+        default="look", metadata=_help("action text when the decider gives nothing usable and no valid list exists")
+    )
+    sample_seed: int | None = field(default=0, metadata=_help("seed of proposal sampling (None: random)"))
+    raise_errors: bool = field(default=False, metadata=_help("re-raise exceptions (the end event is written first)"))
+
+    def __post_init__(self) -> None:
+        for name, value in arm_preset(self.arm).items():  # validates the arm name
+            if getattr(self, name) is None:
+                setattr(self, name, value)
+        checks = [
+            ("k", self.k >= 1, ">= 1"),
+            ("horizon", self.horizon >= 0, ">= 0"),
+            ("confident_margin", 0.0 <= self.confident_margin <= 1.0, "in [0, 1]"),
+            ("temperature", self.temperature >= 0.0, ">= 0"),
+            ("top_p", 0.0 < self.top_p <= 1.0, "in (0, 1]"),
+            ("decider_max_tokens", self.decider_max_tokens >= 1, ">= 1"),
+            ("simulator_max_tokens", self.simulator_max_tokens >= 1, ">= 1"),
+            ("prompt_budget", self.prompt_budget >= 64, ">= 64"),
+            ("max_history", self.max_history >= 0, ">= 0"),
+            ("max_steps", self.max_steps >= 1, ">= 1"),
+            ("max_replans", self.max_replans >= 0, ">= 0"),
+            ("on_replan_budget", self.on_replan_budget in ON_REPLAN_BUDGET, f"one of {ON_REPLAN_BUDGET}"),
+            ("token_budget", self.token_budget >= 0, ">= 0 (0 = no limit)"),
+            ("mismatch_threshold", 0.0 <= self.mismatch_threshold <= 1.0, "in [0, 1]"),
+            ("repeat_limit", self.repeat_limit >= 2, ">= 2"),
+            ("no_progress_steps", self.no_progress_steps >= 1, ">= 1"),
+            ("min_score_drop", self.min_score_drop >= 0.0, ">= 0"),
+            ("budget_fraction", 0.0 < self.budget_fraction <= 1.0, "in (0, 1]"),
+            ("warning_threshold", self.warning_threshold >= 1, ">= 1"),
+            ("discount", 0.0 < self.discount <= 1.0, "in (0, 1]"),
+            ("cache_history", self.cache_history >= 0, ">= 0"),
+            ("max_failures", self.max_failures >= 0, ">= 0"),
+        ]
+        for name, ok, expected in checks:
+            if not ok:
+                raise ValueError(f"PlannerConfig.{name}: must be {expected}, got {getattr(self, name)!r}")
+        choices = [
+            ("propose", PROPOSE_MODES),
+            ("similarity", SIMILARITIES),
+            ("imagined_actions", IMAGINED_ACTIONS),
+        ]
+        for name, allowed in choices:
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"PlannerConfig.{name}: {getattr(self, name)!r} is not one of {', '.join(allowed)}")
+        budget_keys = {"max_steps", "max_replans", "token_budget", "horizon", "k"}
+        for family, over in self.family_budgets.items():
+            bad = set(over) - budget_keys if isinstance(over, dict) else {"<not a mapping>"}
+            if bad:
+                raise ValueError(
+                    f"PlannerConfig.family_budgets[{family!r}]: unknown keys {sorted(bad)}; use {sorted(budget_keys)}"
+                )
+        compile_patterns(self.error_patterns + self.progress_patterns)
+
+    def weights(self) -> JudgeWeights:
+        return JudgeWeights(
+            error=self.w_error,
+            progress=self.w_progress,
+            repeat=self.w_repeat,
+            failed=self.w_failed,
+            length=self.w_length,
+            likelihood=self.w_likelihood,
+            discount=self.discount,
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Router: per-episode budgets and the adaptive horizon
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class Budgets:
+    max_steps: int
+    max_replans: int
+    token_budget: int  # 0 = no limit
+    horizon: int
+    k: int
+
+
+class Router:
+    """Decides how much planning a task deserves: budgets per task family, horizon per decision."""
+
+    def __init__(self, config: PlannerConfig) -> None:
+        self.config = config
+
+    def budgets(self, task: Task) -> Budgets:
+        c = self.config
+        b = Budgets(c.max_steps, c.max_replans, c.token_budget, c.horizon, c.k)  # type: ignore[arg-type]
+        for key, value in c.family_budgets.get(task.family, {}).items():
+            setattr(b, key, int(value))
+        return b
+
+    def horizon(self, budgets: Budgets, margin: float | None, steps_left: int, degraded: str) -> tuple[int, str]:
+        """(horizon for this decision, why it differs from the budget's horizon or ''); `degraded`: why
+        the episode acts without simulation from now on, '' when it does not."""
+        if budgets.horizon == 0:
+            return 0, ""
+        if degraded:
+            return 0, f"{degraded}: acting without simulation"
+        if self.config.adaptive and margin is not None and margin >= self.config.confident_margin:
+            return 0, f"decider confident (margin {margin:.2f} >= {self.config.confident_margin}): no simulation"
+        return max(0, min(budgets.horizon, steps_left)), ""
