@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -214,6 +215,27 @@ def test_rerun_resumes_from_last_checkpoint(tiny: Path, dataset_dir: Path, tmp_p
     # A changed recipe does not silently continue someone else's checkpoint.
     with pytest.raises(ValueError, match=r"learning_rate: 0.003 -> 0.001.*--resume false"):
         train(*_args(tiny, dataset_dir, out, max_steps=12, save_steps=4, eval_steps=0, learning_rate=1e-3))
+
+
+def test_lora_init_continues_an_earlier_adapter(trained, tiny: Path, dataset_dir: Path, tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    result, _ = trained
+    model_args, _, data_args, train_args = _args(
+        tiny, dataset_dir, tmp_path / "more", max_steps=2, eval_steps=0, learning_rate=1e-12
+    )
+    lora = LoraArguments(lora_r=8, lora_alpha=16, lora_dropout=0.0, lora_init=str(result.adapter_dir))
+    more = train(model_args, lora, data_args, train_args)
+    # Learning rate ~0: the run ends where it started, i.e. on the earlier adapter's weights, trainable.
+    assert more.metrics["trainable_params"] > 0 and more.metrics["train_loss"] < 0.5
+    before = load_file(str(result.adapter_dir / "adapter_model.safetensors"))
+    after = load_file(str(more.adapter_dir / "adapter_model.safetensors"))
+    assert before.keys() == after.keys() and all(torch.allclose(before[k], after[k], atol=1e-9) for k in before)
+    fresh = dataclasses.replace(train_args, output_dir=str(tmp_path / "other"))
+    with pytest.raises(ValueError, match=r"lora_init: .* lora_r 8 \(given 16\)"):
+        train(model_args, LoraArguments(lora_r=16, lora_init=str(result.adapter_dir)), data_args, fresh)
+    with pytest.raises(FileNotFoundError, match="lora_init"):
+        train(model_args, LoraArguments(lora_init=str(tmp_path)), data_args, fresh)
 
 
 def test_config_validation_names_the_field() -> None:

@@ -58,6 +58,13 @@ class LoraArguments:
             "help": "modules to adapt: all-linear (every linear layer but the LM head) or names, comma-separated"
         },
     )
+    lora_init: str = field(
+        default="",
+        metadata={
+            "help": "start from this PEFT adapter folder (e.g. an earlier run's adapter) instead of a fresh LoRA, "
+            "to train it further on this dataset; its rank, alpha and modules must equal the ones given"
+        },
+    )
 
     def __post_init__(self) -> None:
         _check(self.lora_r > 0, "lora_r", self.lora_r, "a positive integer")

@@ -285,8 +285,8 @@ def linear_module_names(model: torch.nn.Module) -> list[str]:
 
 
 def load_model_for_training(model_args: ModelArguments, lora_args: LoraArguments, bf16: bool) -> tuple[Any, str]:
-    """The base model with fresh LoRA adapters on it (peft), and the resolved model folder/id."""
-    from peft import LoraConfig, get_peft_model
+    """The base model with fresh LoRA adapters on it (or `lora_init`'s, trainable), and the resolved folder/id."""
+    from peft import LoraConfig, PeftConfig, PeftModel, get_peft_model
     from transformers import AutoModelForCausalLM
 
     path = resolve_model(model_args.model)
@@ -302,7 +302,25 @@ def load_model_for_training(model_args: ModelArguments, lora_args: LoraArguments
         else linear_module_names(model),
         task_type="CAUSAL_LM",
     )
-    return get_peft_model(model, config), path
+    if not lora_args.lora_init:
+        return get_peft_model(model, config), path
+    init = Path(lora_args.lora_init)
+    if not (init / "adapter_config.json").exists():
+        raise FileNotFoundError(f"lora_init: {init} has no adapter_config.json; give a run's output_dir/adapter")
+    saved = PeftConfig.from_pretrained(str(init))
+    differ = [
+        f"{name} {have!r} (given {want!r})"
+        for name, have, want in (
+            ("lora_r", saved.r, config.r),
+            ("lora_alpha", saved.lora_alpha, config.lora_alpha),
+            ("target modules", sorted(saved.target_modules), sorted(config.target_modules)),
+        )
+        if have != want
+    ]
+    if differ:
+        raise ValueError(f"lora_init: {init} was trained with {', '.join(differ)}; give its values")
+    # Our config (same shape) rather than the saved one, so this run's dropout applies.
+    return PeftModel.from_pretrained(model, str(init), config=config, is_trainable=True), path
 
 
 def load_splits(data_args: DataArguments) -> tuple[Any, Any | None]:
