@@ -234,8 +234,12 @@ def test_lora_init_continues_an_earlier_adapter(trained, tiny: Path, dataset_dir
     fresh = dataclasses.replace(train_args, output_dir=str(tmp_path / "other"))
     with pytest.raises(ValueError, match=r"lora_init: .* lora_r 8 \(given 16\)"):
         train(model_args, LoraArguments(lora_r=16, lora_init=str(result.adapter_dir)), data_args, fresh)
+    with pytest.raises(ValueError, match=r"lora_init: .* target modules"):
+        train(model_args, dataclasses.replace(lora, lora_target_modules="q_proj,v_proj"), data_args, fresh)
+    # A wrong folder fails before the dataset is even read (here: a missing one).
+    nowhere = dataclasses.replace(data_args, dataset=str(tmp_path / "no-dataset"))
     with pytest.raises(FileNotFoundError, match="lora_init"):
-        train(model_args, LoraArguments(lora_init=str(tmp_path)), data_args, fresh)
+        train(model_args, LoraArguments(lora_init=str(tmp_path)), nowhere, fresh)
 
 
 def test_config_validation_names_the_field() -> None:

@@ -284,11 +284,36 @@ def linear_module_names(model: torch.nn.Module) -> list[str]:
     return sorted(names)
 
 
+def read_lora_init(lora_args: LoraArguments) -> Any | None:
+    """`lora_init`'s saved LoRA config after checking its folder, rank and alpha (None without `lora_init`).
+
+    Cheap (one JSON file), so `train` calls it before tokenizing: a wrong path fails at once."""
+    from peft import PeftConfig
+
+    if not lora_args.lora_init:
+        return None
+    init = Path(lora_args.lora_init)
+    if not (init / "adapter_config.json").exists():
+        raise FileNotFoundError(f"lora_init: {init} has no adapter_config.json; give a run's output_dir/adapter")
+    saved = PeftConfig.from_pretrained(str(init))
+    _check_lora_init(
+        init, [("lora_r", saved.r, lora_args.lora_r), ("lora_alpha", saved.lora_alpha, lora_args.lora_alpha)]
+    )
+    return saved
+
+
+def _check_lora_init(init: Path, pairs: list[tuple[str, Any, Any]]) -> None:
+    differ = [f"{name} {have!r} (given {want!r})" for name, have, want in pairs if have != want]
+    if differ:
+        raise ValueError(f"lora_init: {init} was trained with {', '.join(differ)}; give its values")
+
+
 def load_model_for_training(model_args: ModelArguments, lora_args: LoraArguments, bf16: bool) -> tuple[Any, str]:
     """The base model with fresh LoRA adapters on it (or `lora_init`'s, trainable), and the resolved folder/id."""
-    from peft import LoraConfig, PeftConfig, PeftModel, get_peft_model
+    from peft import LoraConfig, PeftModel, get_peft_model
     from transformers import AutoModelForCausalLM
 
+    saved = read_lora_init(lora_args)
     path = resolve_model(model_args.model)
     model = AutoModelForCausalLM.from_pretrained(
         path, dtype=base_dtype(model_args, bf16), attn_implementation=model_args.attn_implementation
@@ -302,23 +327,10 @@ def load_model_for_training(model_args: ModelArguments, lora_args: LoraArguments
         else linear_module_names(model),
         task_type="CAUSAL_LM",
     )
-    if not lora_args.lora_init:
+    if saved is None:
         return get_peft_model(model, config), path
     init = Path(lora_args.lora_init)
-    if not (init / "adapter_config.json").exists():
-        raise FileNotFoundError(f"lora_init: {init} has no adapter_config.json; give a run's output_dir/adapter")
-    saved = PeftConfig.from_pretrained(str(init))
-    differ = [
-        f"{name} {have!r} (given {want!r})"
-        for name, have, want in (
-            ("lora_r", saved.r, config.r),
-            ("lora_alpha", saved.lora_alpha, config.lora_alpha),
-            ("target modules", sorted(saved.target_modules), sorted(config.target_modules)),
-        )
-        if have != want
-    ]
-    if differ:
-        raise ValueError(f"lora_init: {init} was trained with {', '.join(differ)}; give its values")
+    _check_lora_init(init, [("target modules", sorted(saved.target_modules), sorted(config.target_modules))])
     # Our config (same shape) rather than the saved one, so this run's dropout applies.
     return PeftModel.from_pretrained(model, str(init), config=config, is_trainable=True), path
 
@@ -457,6 +469,7 @@ def train(
     checkpoint = _last_checkpoint(out) if train_args.resume else None
     if checkpoint:
         check_resumable(out, arguments)
+    read_lora_init(lora_args)
 
     tokenizer = load_tokenizer(model_args.model)
     eos_ok, turn_end = eos_ends_assistant_turn(tokenizer)
