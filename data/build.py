@@ -6,18 +6,23 @@
     from simplan.data.build import BuildConfig, build
     result = build(BuildConfig(role="simulator", inputs=["runs/data"], out="runs/datasets/sim"))
 
-Decider examples map the state before a step to the action taken there, for steps whose source is
-worth imitating (expert, recovery) and that did not fail; noise steps are never targets but stay in
-later states' history and failure memory, so the decider learns to recover. Simulator examples map
-state + action to the real next observation for every step (noise and random ones included, so
-error observations are learned). All prompt text comes from `data/format.py`.
+The decider learns the actions of steps whose source is worth imitating (expert, recovery) and that
+did not fail; noise steps are never targets but stay in the context, so the decider learns to
+recover. The simulator learns the real next observation of every step (noise and random ones
+included, so error observations are learned).
 
-Prompts are token-budgeted with the model's chat template: history is dropped oldest-first; an
-example still over budget without history, or whose completion is over its budget, is dropped
-(never cut) and counted. Identical (prompt, completion) pairs are deduplicated within a fold.
+`format: conversation` (the default) replays each trajectory into one EpisodeState and renders it
+as the role's conversation (data/episode.py): one sequence per window of the episode, loss on every
+trained assistant turn, mistakes kept as masked context. Windows end where the next step's prompt
+would pass `max_prompt_tokens`; each repeats the goal. `format: step` renders one prompt per step
+with its recent history (data/format.py), dropping history oldest-first to fit the budget; an
+example still over budget, or whose completion is over its budget, is dropped (never cut) and
+counted. Identical examples are deduplicated within a fold.
 
 Written to `out/`: dataset/ (a `datasets.DatasetDict` by fold, `save_to_disk`), {fold}.jsonl
-(OpenAI `messages` format), stats.json, stats.md and config.json.
+(OpenAI `messages` format; conversation assistant turns carry `weight` 1 or 0), stats.json,
+stats.md, config.json and prompt_settings.json (how prompts are laid out: `train` copies it into
+the adapter and the planner reads it from there).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from simplan.data import format as fmt
+from simplan.data.episode import FORMATS, EpisodeState, PromptSettings, renderer_for, write_settings
 from simplan.data.io import atomic_dir, iter_jsonl, write_json, write_jsonl, write_text
 from simplan.data.trajectory import STEP_SOURCES, Trajectory, validate_record
 from simplan.envs.base import FOLDS
@@ -54,8 +60,28 @@ class BuildConfig:
         default="smollm2-135m-instruct",
         metadata={"help": "tokenizer source: registry name, local HF folder or hub id (its chat template counts)"},
     )
+    format: str = field(
+        default="conversation",
+        metadata={
+            "help": "conversation: one sequence per episode window, loss on every trained assistant turn "
+            "(data/episode.py); step: one prompt per step with its history (data/format.py)"
+        },
+    )
     max_prompt_tokens: int = field(
-        default=1024, metadata={"help": "prompt budget in tokens, chat template included; history is dropped to fit"}
+        default=1024,
+        metadata={
+            "help": "prompt budget in tokens, chat template included: a conversation opens a new window "
+            "(repeating the goal) where a step's prompt would pass it; a step prompt drops history to fit"
+        },
+    )
+    window_overlap: int = field(
+        default=2, metadata={"help": "conversation: steps a new window repeats as context (no loss) before its own"}
+    )
+    completion_reserve: int = field(
+        default=64, metadata={"help": "conversation: tokens kept free for the reply when deciding where windows end"}
+    )
+    show_valid: bool = field(
+        default=False, metadata={"help": "conversation: list the valid actions in every decider user turn"}
     )
     max_completion_tokens: int | None = field(
         default=None,
@@ -93,6 +119,8 @@ class BuildConfig:
     def __post_init__(self) -> None:
         if self.role not in ROLES:
             raise ValueError(f"role: {self.role!r} is not one of {ROLES}")
+        if self.format not in FORMATS:
+            raise ValueError(f"format: {self.format!r} is not one of {FORMATS}")
         if isinstance(self.inputs, str):
             self.inputs = [p for p in self.inputs.split(",") if p]
         if not self.inputs:
@@ -116,6 +144,19 @@ class BuildConfig:
             raise ValueError(f"sources: {bad or self.sources} not valid; choose from {STEP_SOURCES}")
         if self.batch_size <= 0:
             raise ValueError(f"batch_size: {self.batch_size} must be positive")
+        self.settings()  # validates the prompt settings (window overlap, reserve) here, naming the field
+
+    def settings(self) -> PromptSettings:
+        """The prompt settings this dataset is built with; they travel with it into the adapter."""
+        return PromptSettings(
+            format=self.format,
+            budget=self.max_prompt_tokens,
+            reserve=self.completion_reserve,
+            overlap=self.window_overlap,
+            show_valid=self.show_valid,
+            max_failures=self.max_failures,
+            max_history=self.max_history,
+        )
 
 
 class FoldLeakError(ValueError):
@@ -386,14 +427,170 @@ def _render_sim(state: _SimState) -> fmt.Messages:
 
 
 # ---------------------------------------------------------------------------------------------
+# Conversation examples: one sequence per episode window (data/episode.py)
+# ---------------------------------------------------------------------------------------------
+def learns(cfg: BuildConfig) -> Callable[[Any], bool]:
+    """Which recorded steps carry loss: the role's sources; the decider never imitates a failed action."""
+    sources = set(cfg.sources or ())
+
+    def learn(step: Any) -> bool:
+        if step.source not in sources:
+            return False
+        return not (cfg.role == "decider" and step.error and cfg.skip_failed_targets)
+
+    return learn
+
+
+def conversation_rows(
+    trajectories: list[Trajectory], cfg: BuildConfig, tokenizer: Any, counts: Counter
+) -> tuple[dict[str, list[dict[str, Any]]], dict[str, int]]:
+    """Every trajectory replayed into an EpisodeState and cut into windows; rows by fold and dedup counts."""
+    from tqdm.auto import tqdm
+
+    renderer = renderer_for(cfg.settings(), tokenizer)
+    learn = learns(cfg)
+    for traj in trajectories:
+        for step in traj.steps:
+            if step.source not in (cfg.sources or ()):
+                counts[f"source_{step.source}"] += 1
+            elif cfg.role == "decider" and step.error and cfg.skip_failed_targets:
+                counts["failed_action"] += 1
+    pending: list[tuple[Trajectory, EpisodeState, Any]] = []
+    for traj in tqdm(trajectories, desc=f"build {cfg.role}: windows", unit="episode", disable=not cfg.progress):
+        state = EpisodeState.from_trajectory(traj, learn)
+        pending += [(traj, state, ex) for ex in renderer.examples(state, cfg.role)]
+    count = fmt.chat_batch_token_counter(tokenizer, add_generation_prompt=False)
+    count_texts = fmt.text_token_counter(tokenizer)
+    tokens: list[int] = []
+    trained: list[int] = []
+    for start in range(0, len(pending), cfg.batch_size):
+        chunk = pending[start : start + cfg.batch_size]
+        tokens += count([ex.messages for _, _, ex in chunk])
+        replies = [
+            [fmt.completion_text(tokenizer, m["content"]) for m, w in zip(ex.messages, ex.weights) if w]
+            for _, _, ex in chunk
+        ]
+        flat = count_texts([r for rs in replies for r in rs])
+        it = iter(flat)
+        trained += [sum(next(it) for _ in rs) for rs in replies]
+    longest = cfg.max_prompt_tokens + (cfg.max_completion_tokens or 0)
+    rows: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    dedup: Counter = Counter()
+    seen: set[tuple] = set()
+    for (traj, state, ex), n_tokens, n_trained in zip(pending, tokens, trained):
+        if n_tokens > longest:  # a window of one step whose prompt alone passes the budget
+            counts["prompt_over_budget"] += 1
+            continue
+        if cfg.dedupe:
+            key = (traj.task.fold, tuple(m["content"] for m in ex.messages), tuple(ex.weights))
+            if key in seen:
+                dedup[traj.task.fold] += 1
+                continue
+            seen.add(key)
+        turns = [state.turns[t] if t >= 0 else None for t in ex.steps]
+        steps = {t: traj.steps[t] for t in ex.steps if 0 <= t < len(traj.steps)}
+        rows[traj.task.fold].append(
+            {
+                "messages": ex.messages,
+                "weights": ex.weights,
+                "steps": ex.steps,
+                "valid_actions": [list(t.valid_actions or []) if t is not None else [] for t in turns],
+                "sources": [steps[t].source if t in steps else "" for t in ex.steps],
+                "errors": [bool(steps[t].error) if t in steps else False for t in ex.steps],
+                "env": traj.env,
+                "task_id": traj.task.task_id,
+                "fold": traj.task.fold,
+                "family": traj.task.family,
+                "trajectory_id": traj.id,
+                "policy": traj.policy,
+                "role": cfg.role,
+                "window_start": ex.window[0],
+                "window_end": ex.window[1],
+                "trained_turns": sum(ex.weights),
+                # Stats share the per-step keys: the whole sequence, its trained tokens, steps shown/before.
+                "prompt_tokens": n_tokens,
+                "completion_tokens": n_trained,
+                "history_kept": ex.window[1] - ex.window[0],
+                "history_dropped": ex.window[0],
+            }
+        )
+    return dict(rows), dict(dedup)
+
+
+def _conversation_features():
+    from datasets import Features, List, Value
+
+    message = {"role": Value("string"), "content": Value("string")}
+    return Features(
+        {
+            "messages": List(message),
+            "weights": List(Value("int8")),
+            "steps": List(Value("int32")),
+            "valid_actions": List(List(Value("string"))),
+            "sources": List(Value("string")),
+            "errors": List(Value("bool")),
+            "env": Value("string"),
+            "task_id": Value("string"),
+            "fold": Value("string"),
+            "family": Value("string"),
+            "trajectory_id": Value("string"),
+            "policy": Value("string"),
+            "role": Value("string"),
+            "window_start": Value("int32"),
+            "window_end": Value("int32"),
+            "trained_turns": Value("int32"),
+            "prompt_tokens": Value("int32"),
+            "completion_tokens": Value("int32"),
+            "history_kept": Value("int32"),
+            "history_dropped": Value("int32"),
+        }
+    )
+
+
+def step_rows(row: dict[str, Any]) -> list[dict[str, Any]]:
+    """A conversation row as per-step rows (prompt = the messages before a trained assistant turn,
+    completion = that turn), the view `eval-model` scores; a per-step row is returned as it is."""
+    if "weights" not in row:
+        return [row]
+    meta = {k: row[k] for k in ("env", "task_id", "fold", "family", "trajectory_id", "policy", "role")}
+    out = []
+    for i, (m, w) in enumerate(zip(row["messages"], row["weights"])):
+        if m["role"] != "assistant" or not w:
+            continue
+        out.append(
+            {
+                "prompt": row["messages"][:i],
+                "completion": m["content"],
+                **meta,
+                "step": row["steps"][i],
+                "source": row["sources"][i],
+                "error": row["errors"][i],
+                "valid_actions": row["valid_actions"][i],
+            }
+        )
+    return out
+
+
+def openai_messages(row: dict[str, Any]) -> list[dict[str, Any]]:
+    """A row as OpenAI fine-tuning messages: assistant turns carry `weight` (1 trains, 0 is context)."""
+    if "weights" not in row:
+        return row["messages"]
+    out = []
+    for m, w in zip(row["messages"], row["weights"]):
+        out.append({**m, "weight": int(w)} if m["role"] == "assistant" else dict(m))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
 # Writing
 # ---------------------------------------------------------------------------------------------
-def _save_dataset(rows: dict[str, list[dict[str, Any]]], folds: list[str], target: Path, progress: bool) -> None:
+def _save_dataset(
+    rows: dict[str, list[dict[str, Any]]], folds: list[str], target: Path, progress: bool, features: Any
+) -> None:
     """save_to_disk into a temporary folder, then swap it in, so a crash never leaves half a dataset."""
     from datasets import Dataset, DatasetDict
     from datasets.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
 
-    features = _features()
     names = list(features)
     dd = DatasetDict(
         {
@@ -416,7 +613,8 @@ def stats_markdown(stats: dict[str, Any]) -> str:
     """A readable summary of stats.json (also what `simplan build` prints)."""
     ex = stats["examples"]
     lines = [
-        f"# {stats['role']} dataset: {ex['total']} examples",
+        f"# {stats['role']} dataset: {ex['total']} examples"
+        + (" (episode windows, loss on every trained turn)" if stats.get("format") == "conversation" else ""),
         "",
         f"- tokenizer: `{stats['model']}`; prompt budget {stats['budget']['max_prompt_tokens']}, "
         f"completion budget {stats['budget']['max_completion_tokens']} tokens",
@@ -451,6 +649,12 @@ def stats_markdown(stats: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _trained_by_source(rows: list[dict[str, Any]]) -> dict[str, int]:
+    """Conversation rows: trained turns by the source of their step."""
+    counts = Counter(src for r in rows for src, w in zip(r["sources"], r["weights"]) if w)
+    return dict(sorted(counts.items()))
+
+
 def _stats(
     cfg: BuildConfig,
     files: list[Path],
@@ -468,6 +672,7 @@ def _stats(
     dropped_keys = ("prompt_over_budget", "completion_over_budget", "failed_action")
     return {
         "role": cfg.role,
+        "format": cfg.format,
         "model": cfg.model,
         "inputs": [str(p) for p in files],
         "budget": {"max_prompt_tokens": cfg.max_prompt_tokens, "max_completion_tokens": cfg.max_completion_tokens},
@@ -482,7 +687,7 @@ def _stats(
             "by_fold": {f: len(rows[f]) for f in rows},
             "by_env": by(lambda r: r["env"]),
             "by_family": by(lambda r: f"{r['env']}/{r['family'] or '-'}"),
-            "by_source": by(lambda r: r["source"]),
+            "by_source": by(lambda r: r["source"]) if cfg.format == "step" else _trained_by_source(all_rows),
         },
         "dropped": {k: counts.get(k, 0) for k in dropped_keys},
         "skipped": {
@@ -521,19 +726,24 @@ def build(cfg: BuildConfig, tokenizer: Any = None) -> BuildResult:
     loaded = load_trajectories(files, include_errored=cfg.include_errored)
     check_folds(loaded.trajectories)
     counts: Counter = Counter()
-    candidates = make_candidates(loaded.trajectories, cfg, counts)
+    candidates = make_candidates(loaded.trajectories, cfg, counts) if cfg.format == "step" else []
     t1 = time.perf_counter()
-    rows, dedup = build_rows(candidates, cfg, tokenizer, counts)
+    if cfg.format == "conversation":
+        rows, dedup = conversation_rows(loaded.trajectories, cfg, tokenizer, counts)
+        features = _conversation_features()
+    else:
+        rows, dedup = build_rows(candidates, cfg, tokenizer, counts)
+        features = _features()
     t2 = time.perf_counter()
 
     out = Path(cfg.out)
     folds = [f for f in FOLDS if f in {t.task.fold for t in loaded.trajectories}]
     paths = {"dataset": str(out / "dataset")}
-    _save_dataset(rows, folds, out / "dataset", cfg.progress)
+    _save_dataset(rows, folds, out / "dataset", cfg.progress, features)
     for fold in FOLDS:
         path = out / f"{fold}.jsonl"
         if fold in folds:
-            write_jsonl(path, ({"messages": r["messages"]} for r in rows.get(fold, [])))
+            write_jsonl(path, ({"messages": openai_messages(r)} for r in rows.get(fold, [])))
             paths[fold] = str(path)
         elif path.exists():
             path.unlink()  # a fold from an earlier build into the same folder
@@ -541,6 +751,7 @@ def build(cfg: BuildConfig, tokenizer: Any = None) -> BuildResult:
     seconds = {"tokenizer": t0 - started, "load": t1 - t0, "tokenize": t2 - t1, "write": t3 - t2, "total": t3 - t0}
     stats = _stats(cfg, files, loaded, {f: rows.get(f, []) for f in folds}, dedup, counts, seconds)
     paths |= {"stats": str(out / "stats.json"), "stats_md": str(out / "stats.md"), "config": str(out / "config.json")}
+    paths["prompt_settings"] = str(write_settings(out, cfg.settings()))
     write_json(out / "stats.json", stats)
     write_text(out / "stats.md", stats_markdown(stats))
     write_json(out / "config.json", asdict(cfg))

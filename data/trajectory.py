@@ -17,7 +17,8 @@ A Step is one real transition:
     index, observation (text before acting), valid_actions (list or null), action (Action record),
     source ("expert" | "noise" | "random" | "recovery" | "policy": who chose the action),
     next_observation, reward, score, done, won, error (the action failed or was invalid),
-    expectation (the planner's predicted observation, or null), info (env extras)
+    expectation (the planner's predicted observation, or null), info (env extras),
+    notes (optional: lines the prompt showed with the observation, e.g. the planner's pivot reasons)
 
 Check files with `simplan validate FILE`.
 """
@@ -50,6 +51,7 @@ class Step:
     source: str = "expert"
     expectation: str | None = None
     info: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # shown with `observation` (the planner's pivot reasons)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -210,4 +212,7 @@ def validate_record(d: Any) -> list[str]:
             problems.append(f"{prefix}valid_actions: expected a list of strings or null")
         if step.get("expectation") is not None and not isinstance(step["expectation"], str):
             problems.append(f"{prefix}expectation: expected a string or null")
+        notes = step.get("notes", [])
+        if not (isinstance(notes, list) and all(isinstance(n, str) for n in notes)):
+            problems.append(f"{prefix}notes: expected a list of strings")
     return problems

@@ -45,6 +45,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from simplan.data.episode import EpisodeState
 from simplan.data.format import (
     Messages,
     PromptState,
@@ -89,6 +90,7 @@ from simplan.inference.pivots import (
 )
 from simplan.inference.planner_config import Budgets, PlannerConfig, Router
 from simplan.inference.prompt_fit import PromptFitter, approx_token_counter, locked
+from simplan.inference.prompts import PlannerPrompts
 from simplan.inference.trace import (
     ActEvent,
     CandidateRecord,
@@ -169,6 +171,7 @@ class _Episode:
     failures: list[str] = field(default_factory=list)
     bans: dict[str, set[str]] = field(default_factory=dict)  # real state key -> banned action keys
     seen_valid: list[str] = field(default_factory=list)  # valid actions seen so far, first-seen order
+    state: EpisodeState | None = None  # the conversation so far (conversation format; data/episode.py)
     memory: JudgeMemory = field(default_factory=JudgeMemory)
     score: float = 0.0
     replans: int = 0
@@ -220,7 +223,8 @@ class Planner:
         if count_tokens is None:
             count_tokens = locked(chat_token_counter(tokenizer)) if tokenizer is not None else approx_token_counter
         self.count_tokens = count_tokens
-        self.fitter = PromptFitter(count_tokens, config.prompt_budget, tokenizer)
+        self.prompts = PlannerPrompts.for_engine(engine, config, tokenizer)
+        self.fitter = PromptFitter(count_tokens, self.prompts.decider_settings.budget, tokenizer)
         error_patterns = env_patterns(env, "error_patterns", DEFAULT_ERROR_PATTERNS, config.error_patterns)
         progress_patterns = env_patterns(env, "progress_patterns", DEFAULT_PROGRESS_PATTERNS, config.progress_patterns)
         self.judge = Judge(config.weights(), error_patterns, progress_patterns)
@@ -268,6 +272,7 @@ class Planner:
         )
         trace.t0 = t0
         ep = _Episode(task, budgets, trace, MeteredEngine(self.engine), obs, obs.goal, env_seconds=env_seconds)
+        ep.state = EpisodeState.start(obs.goal, obs.text, obs.tools, obs.valid_actions)
         self._note_valid(ep, obs)
         if error is None:
             try:
@@ -465,6 +470,11 @@ class Planner:
             m.prompt_tokens,
             m.completion_tokens,
         )
+        # The goal changes as collection records it (data/collect.py): when it differs from the first one.
+        changed_goal = obs.goal if obs.goal and obs.goal != ep.state.turns[0].goal else None
+        ep.state.step(
+            render_action(item.action), obs.text, error, obs.valid_actions, goal=changed_goal, tools=obs.tools
+        )
         ep.obs = obs
         if obs.goal:  # a BFCL user turn, what a TWX agent read: as in the training data
             ep.goal = obs.goal
@@ -479,7 +489,7 @@ class Planner:
         if note in ep.failures:
             ep.failures.remove(note)
         ep.failures.append(note)
-        keep = self.config.max_failures
+        keep = self.prompts.decider_settings.max_failures
         ep.failures[:] = ep.failures[-keep:] if keep else []
         return note
 
@@ -509,8 +519,15 @@ class Planner:
         observation: str,
         valid: list[str] | None,
         action: Action | None = None,
-    ) -> PromptState:
-        """Prompt state fitted to the token budget (of the simulator prompt when `action` is given)."""
+    ) -> PromptState | EpisodeState:
+        """The state a prompt is rendered from: in the conversation format the episode state plus the
+        imagined steps (shown exactly as real ones; windows fit the budget); in the step format a
+        PromptState fitted to the token budget (of the simulator prompt when `action` is given)."""
+        if self.prompts.conversation:
+            state = ep.state.branch() if imagined else ep.state
+            for a, o, e in imagined:
+                state.step(render_action(a), o, error=e, imagined=True)
+            return state
         state = state_from_steps(
             ep.goal,
             observation,
@@ -518,12 +535,21 @@ class Planner:
             valid_actions=valid,
             tools=ep.obs.tools,
             failures=ep.failures,
-            max_history=self.config.max_history,
+            max_history=self.prompts.decider_settings.max_history,
         )
         render = decider_messages if action is None else (lambda s: simulator_messages(s, action))
         return self.fitter.fit(state, render)
 
-    def _cache_key(self, state: PromptState, action: Action) -> tuple[str, str]:
+    def _cache_key(self, state: PromptState | EpisodeState, action: Action) -> tuple[str, str]:
+        if isinstance(state, EpisodeState):
+            now, n = state.current, self.config.cache_history
+            hist = state.turns[-1 - n : -1] if n else []
+            return _key(
+                now.goal,
+                normalize_text(now.observation),
+                [(t.action, normalize_text(t.next_observation or ""), t.error) for t in hist],
+                now.valid_actions,
+            ), action.key()
         hist = state.history[-self.config.cache_history :] if self.config.cache_history else []
         skey = _key(
             state.goal,
@@ -638,7 +664,7 @@ class Planner:
         return queue
 
     def _propose(
-        self, ep: _Episode, root: PromptState, allowed: list[str] | None, k: int
+        self, ep: _Episode, root: PromptState | EpisodeState, allowed: list[str] | None, k: int
     ) -> tuple[list[Proposal], float | None, str, bool]:
         """K first actions from the real state: (proposals, confidence margin, how, is_fallback)."""
         mode = self.config.propose
@@ -653,9 +679,11 @@ class Planner:
                 return top, margin, f"scored {len(allowed)} valid actions", False
         return self._sample(ep, root, allowed, k)
 
-    def _score_actions(self, ep: _Episode, root: PromptState, allowed: list[str]) -> list[Proposal] | None:
+    def _score_actions(
+        self, ep: _Episode, root: PromptState | EpisodeState, allowed: list[str]
+    ) -> list[Proposal] | None:
         req = ScoreRequest(
-            candidates=list(allowed), adapter=self.decider, messages=decider_messages(root), tag="decide"
+            candidates=list(allowed), adapter=self.decider, messages=self.prompts.decider(root), tag="decide"
         )
         try:
             (res,) = ep.meter.score([req])
@@ -675,10 +703,10 @@ class Planner:
         return out or None
 
     def _sample(
-        self, ep: _Episode, root: PromptState, allowed: list[str] | None, k: int
+        self, ep: _Episode, root: PromptState | EpisodeState, allowed: list[str] | None, k: int
     ) -> tuple[list[Proposal], float | None, str, bool]:
         cfg = self.config
-        messages = decider_messages(root)
+        messages = self.prompts.decider(root)
         for attempt in range(2):  # sample, then resample once
             seed = None if cfg.sample_seed is None else cfg.sample_seed + ep.sample_calls
             ep.sample_calls += 1
@@ -721,7 +749,7 @@ class Planner:
                 return props, margin, f"sampled n={k}", False
         return [self._fallback(ep, root, allowed)], None, "fallback", True
 
-    def _fallback(self, ep: _Episode, root: PromptState, allowed: list[str] | None) -> Proposal:
+    def _fallback(self, ep: _Episode, root: PromptState | EpisodeState, allowed: list[str] | None) -> Proposal:
         """The highest-scored valid action, else the first valid one, else the configured no-op, else finish."""
         if allowed:
             if self._can_score:
@@ -766,7 +794,7 @@ class Planner:
                 requests.append(
                     GenerationRequest(
                         adapter=self.simulator,
-                        messages=simulator_messages(state, r.actions[-1]),
+                        messages=self.prompts.simulator(state, r.actions[-1]),
                         max_tokens=cfg.simulator_max_tokens,
                         tag="simulate",
                     )
@@ -797,7 +825,7 @@ class Planner:
                 requests.append(
                     GenerationRequest(
                         adapter=self.decider,
-                        messages=decider_messages(state),
+                        messages=self.prompts.decider(state),
                         max_tokens=cfg.decider_max_tokens,
                         tag="decide",
                         **self._constraint(ep, imagined_valid),
@@ -814,7 +842,7 @@ class Planner:
 
     def _imagined_state(
         self, ep: _Episode, r: Rollout, valid: list[str] | None, predicted: bool = False
-    ) -> PromptState:
+    ) -> PromptState | EpisodeState:
         """The prompt state inside a rollout: real history + imagined steps so far.
 
         predicted=False: the state before the rollout's latest action (to simulate it);

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from simplan.data.episode import FORMATS, PromptSettings
 from simplan.data.format import DEFAULT_MAX_FAILURES, DEFAULT_MAX_HISTORY
 from simplan.envs.base import Task
 from simplan.inference.arms import ARMS, arm_preset
 from simplan.inference.judge import JudgeWeights, compile_patterns
 from simplan.inference.pivots import SIMILARITIES
 
+DEFAULT_BUDGET = PromptSettings().budget
 PROPOSE_MODES = ("auto", "score", "sample")
 ON_REPLAN_BUDGET = ("react", "stop")
 IMAGINED_ACTIONS = ("seen", "free")
@@ -51,9 +53,19 @@ class PlannerConfig:
     simulator_max_tokens: int = field(default=128, metadata=_help("max new tokens of a simulator completion"))
     decider_adapter: str = field(default="decider", metadata=_help("engine adapter of the decider ('' = base)"))
     simulator_adapter: str = field(default="simulator", metadata=_help("engine adapter of the simulator ('' = base)"))
-    prompt_budget: int = field(default=1024, metadata=_help("prompt tokens; oldest history steps are dropped"))
-    max_history: int = field(
-        default=DEFAULT_MAX_HISTORY, metadata=_help("history steps shown in a prompt (before the budget)")
+    # Prompt settings: None reads them from the adapters (prompt_settings.json, saved by `simplan train`);
+    # a value that contradicts an adapter's is an error (inference/prompts.py).
+    prompt_format: str | None = field(
+        default=None, metadata=_help("conversation or step; None: the adapters' (step for the base model)")
+    )
+    prompt_budget: int | None = field(
+        default=None, metadata=_help(f"prompt tokens per window / prompt; None: the adapters' ({DEFAULT_BUDGET})")
+    )
+    max_history: int | None = field(
+        default=None,
+        metadata=_help(
+            f"step format: history steps shown before the budget; None: the adapters' ({DEFAULT_MAX_HISTORY})"
+        ),
     )
     imagined_actions: str = field(
         default="seen",
@@ -91,8 +103,9 @@ class PlannerConfig:
     )
     sim_cache: bool = field(default=True, metadata=_help("cache simulator predictions by (state, action)"))
     cache_history: int = field(default=2, metadata=_help("history steps that are part of a cached state's key"))
-    max_failures: int = field(
-        default=DEFAULT_MAX_FAILURES, metadata=_help("failure-memory notes shown in prompts (newest distinct)")
+    max_failures: int | None = field(
+        default=None,
+        metadata=_help(f"failure-memory notes shown in prompts; None: the adapters' ({DEFAULT_MAX_FAILURES})"),
     )
     error_patterns: list[str] = field(
         default_factory=list, metadata=_help("extra regexes of error observations (added to the env's)")
@@ -118,8 +131,9 @@ class PlannerConfig:
             ("top_p", 0.0 < self.top_p <= 1.0, "in (0, 1]"),
             ("decider_max_tokens", self.decider_max_tokens >= 1, ">= 1"),
             ("simulator_max_tokens", self.simulator_max_tokens >= 1, ">= 1"),
-            ("prompt_budget", self.prompt_budget >= 64, ">= 64"),
-            ("max_history", self.max_history >= 0, ">= 0"),
+            ("prompt_budget", self.prompt_budget is None or self.prompt_budget >= 64, ">= 64"),
+            ("max_history", self.max_history is None or self.max_history >= 0, ">= 0"),
+            ("prompt_format", self.prompt_format in (None, *FORMATS), f"one of {', '.join(FORMATS)}"),
             ("max_steps", self.max_steps >= 1, ">= 1"),
             ("max_replans", self.max_replans >= 0, ">= 0"),
             ("on_replan_budget", self.on_replan_budget in ON_REPLAN_BUDGET, f"one of {ON_REPLAN_BUDGET}"),
@@ -132,7 +146,7 @@ class PlannerConfig:
             ("warning_threshold", self.warning_threshold >= 1, ">= 1"),
             ("discount", 0.0 < self.discount <= 1.0, "in (0, 1]"),
             ("cache_history", self.cache_history >= 0, ">= 0"),
-            ("max_failures", self.max_failures >= 0, ">= 0"),
+            ("max_failures", self.max_failures is None or self.max_failures >= 0, ">= 0"),
         ]
         for name, ok, expected in checks:
             if not ok:

@@ -101,6 +101,8 @@ def model_dir():
 
 
 def _cfg(tmp_path: Path, inputs: list[Path], model: str, **kw) -> BuildConfig:
+    """The per-step format unless `format` is given (tests/test_episode.py covers conversations)."""
+    kw = {"format": "step", **kw}
     return BuildConfig(inputs=[str(p) for p in inputs], out=str(tmp_path / "out"), model=model, progress=False, **kw)
 
 

@@ -45,6 +45,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from simplan.data.build import step_rows
 from simplan.data.format import prompt_text
 from simplan.data.io import iter_jsonl, write_json, write_jsonl, write_text
 
@@ -253,17 +254,21 @@ def _load_rows(cfg: EvalModelConfig) -> tuple[list[dict[str, Any]], set[str]]:
     data = load_from_disk(str(folder))
     if cfg.fold not in data:
         raise ValueError(f"fold: {cfg.fold!r} is not in {folder} (folds: {list(data)})")
-    split = data[cfg.fold]
-    if cfg.limit and cfg.limit < len(split):
-        families = split["family"] if "family" in split.column_names else [""] * len(split)
-        split = split.select(spread_sample(families, cfg.limit))
+    rows = _step_view(data[cfg.fold])
+    if cfg.limit and cfg.limit < len(rows):
+        rows = [rows[i] for i in spread_sample([r.get("family") or "" for r in rows], cfg.limit)]
     error_texts: set[str] = set()
-    if "error" in split.column_names:
+    if "error" in data[cfg.fold].column_names or "errors" in data[cfg.fold].column_names:
         for name in data:
-            for completion, err in zip(data[name]["completion"], data[name]["error"]):
-                if err:
-                    error_texts.add(normalize(completion).lower())
-    return split.to_list(), error_texts
+            error_texts |= {normalize(r["completion"]).lower() for r in _step_view(data[name]) if r["error"]}
+    return rows, error_texts
+
+
+def _step_view(split: Any) -> list[dict[str, Any]]:
+    """Rows of one fold, a conversation dataset's as one row per trained turn (data/build.step_rows)."""
+    if "weights" not in split.column_names:
+        return split.to_list()
+    return [r for row in split.to_list() for r in step_rows(row)]
 
 
 def spread_sample(families: list[str], limit: int) -> list[int]:

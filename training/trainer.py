@@ -40,6 +40,7 @@ import torch
 import yaml
 from transformers import Trainer, TrainerCallback, TrainingArguments, set_seed
 
+from simplan.data.episode import PromptSettings, read_settings, write_settings
 from simplan.data.format import completion_text, eos_ends_assistant_turn, prompt_text
 from simplan.data.io import append_jsonl, atomic_dir, write_json, write_text
 from simplan.training.config import DataArguments, LoraArguments, ModelArguments, TrainArguments
@@ -61,15 +62,75 @@ def tokenize_example(tokenizer: Any, prompt: list[dict[str, str]], completion: s
     }
 
 
-def tokenize_dataset(dataset: Any, tokenizer: Any, max_length: int, desc: str = "tokenize") -> tuple[Any, int]:
-    """Tokenize a `datasets.Dataset` with prompt/completion columns; returns (tokenized, number dropped)."""
-    for column in ("prompt", "completion"):
-        if column not in dataset.column_names:
+def assistant_spans(
+    tokenizer: Any, messages: list[dict[str, str]], weights: list[int]
+) -> tuple[str, list[tuple[int, int]]]:
+    """The conversation's text (chat template) and the character spans that carry loss: the content of
+    every assistant turn with weight > 0 and the EOS the template writes after it (so the model learns
+    to stop). Each span is located by rendering the conversation up to that turn with the generation
+    prompt, so a template that renders a prefix differently from the whole is caught, not trained on."""
+    text = tokenizer.apply_chat_template(messages, tokenize=False)
+    eos = tokenizer.eos_token or ""
+    spans = []
+    for i, (m, w) in enumerate(zip(messages, weights)):
+        if m["role"] != "assistant" or not w:
+            continue
+        head = tokenizer.apply_chat_template(messages[:i], add_generation_prompt=True, tokenize=False)
+        end = len(head) + len(m["content"])
+        if not text.startswith(head) or text[len(head) : end] != m["content"]:
             raise ValueError(
-                f"dataset has no {column!r} column (columns: {dataset.column_names}); "
-                "build it with `simplan build`, which writes prompt (chat messages) and completion (text)"
+                f"the chat template does not render assistant turn {i} after its prompt as it renders the prompt "
+                "alone (a template that rewrites earlier turns, e.g. drops reasoning); train with `simplan build "
+                "--format step` data or a prefix-preserving template"
             )
+        if eos and text.startswith(eos, end):
+            end += len(eos)
+        spans.append((len(head), end))
+    return text, spans
 
+
+def tokenize_conversation(tokenizer: Any, messages: list[dict[str, str]], weights: list[int]) -> dict[str, list[int]]:
+    """input_ids and labels of one multi-turn sequence: labels only on the weighted assistant turns (+ EOS)."""
+    text, spans = assistant_spans(tokenizer, messages, weights)
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    labels = [IGNORE_INDEX] * len(enc["input_ids"])
+    for k, (a, b) in enumerate(enc["offset_mapping"]):
+        if any(a < end and b > start for start, end in spans):
+            labels[k] = enc["input_ids"][k]
+    return {"input_ids": list(enc["input_ids"]), "labels": labels}
+
+
+def tokenize_dataset(dataset: Any, tokenizer: Any, max_length: int, desc: str = "tokenize") -> tuple[Any, int]:
+    """Tokenize a `datasets.Dataset` from `simplan build`; returns (tokenized, number dropped).
+
+    Conversation rows (`messages` + `weights`) carry loss on their weighted assistant turns; per-step
+    rows (`prompt` + `completion`) on the completion."""
+    columns = dataset.column_names
+    if "weights" in columns and "messages" in columns:
+        return _tokenize(dataset, max_length, desc, _conversation_encoder(tokenizer))
+    for column in ("prompt", "completion"):
+        if column not in columns:
+            raise ValueError(
+                f"dataset has no {column!r} column (columns: {columns}); build it with `simplan build`, which "
+                "writes messages + weights (conversation) or prompt + completion (step)"
+            )
+    return _tokenize(dataset, max_length, desc, _step_encoder(tokenizer))
+
+
+def _conversation_encoder(tokenizer: Any) -> Any:
+    def encode(batch: dict[str, list]) -> dict[str, list]:
+        out: dict[str, list] = {"input_ids": [], "labels": [], "length": []}
+        for messages, weights in zip(batch["messages"], batch["weights"]):
+            ex = tokenize_conversation(tokenizer, messages, weights)
+            out["input_ids"].append(ex["input_ids"])
+            out["labels"].append(ex["labels"])
+            out["length"].append(len(ex["input_ids"]))
+        return out
+
+    return encode
+
+
+def _step_encoder(tokenizer: Any) -> Any:
     def encode(batch: dict[str, list]) -> dict[str, list]:
         prompts = [prompt_text(tokenizer, p) for p in batch["prompt"]]
         completions = [completion_text(tokenizer, c) for c in batch["completion"]]
@@ -82,6 +143,10 @@ def tokenize_dataset(dataset: Any, tokenizer: Any, max_length: int, desc: str = 
             out["length"].append(len(p) + len(c))
         return out
 
+    return encode
+
+
+def _tokenize(dataset: Any, max_length: int, desc: str, encode: Any) -> tuple[Any, int]:
     tokenized = dataset.map(encode, batched=True, remove_columns=dataset.column_names, desc=desc)
     before = len(tokenized)
     tokenized = tokenized.filter(lambda n: n <= max_length, input_columns="length", desc=f"{desc}: length filter")
@@ -402,11 +467,20 @@ def check_resumable(out: Path, resolved: dict[str, Any]) -> None:
         )
 
 
-def _save_adapter(model: Any, tokenizer: Any, out: Path) -> None:
-    """Write the PEFT adapter + tokenizer to `out` atomically (a crash leaves the old one intact)."""
+def _save_adapter(model: Any, tokenizer: Any, out: Path, settings: PromptSettings | None) -> None:
+    """Write the PEFT adapter + tokenizer (+ the dataset's prompt settings) to `out` atomically (a crash
+    leaves the old one intact)."""
     with atomic_dir(out) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        if settings is not None:
+            write_settings(tmp, settings)
+
+
+def dataset_settings(data_args: DataArguments) -> PromptSettings | None:
+    """The prompt settings the dataset was built with (None for a dataset built before they travelled)."""
+    folder = Path(data_args.dataset)
+    return read_settings(folder) or (read_settings(folder.parent) if folder.name == "dataset" else None)
 
 
 def training_arguments(train_args: TrainArguments, bf16: bool, has_eval: bool) -> TrainingArguments:
@@ -553,7 +627,7 @@ def train(
     )
     adapter_dir = out / "adapter"
     if trainer.is_world_process_zero():
-        _save_adapter(trainer.accelerator.unwrap_model(model), tokenizer, adapter_dir)
+        _save_adapter(trainer.accelerator.unwrap_model(model), tokenizer, adapter_dir, dataset_settings(data_args))
         write_json(out / "metrics.json", metrics)
         print(json.dumps({k: metrics[k] for k in sorted(metrics) if "loss" in k or k == "global_step"}), flush=True)
         print(f"train: adapter saved to {adapter_dir}", flush=True)

@@ -12,6 +12,7 @@ on the CPU; on a GPU vLLM is much faster. Choose per platform.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from simplan.inference.engine import Engine
@@ -54,14 +55,19 @@ def make_engine(
     if kind == "hf":
         from simplan.inference.engines.hf_peft import HFPeftEngine
 
-        return HFPeftEngine(model, named, **opts)
-    if kind == "vllm":
+        engine: Any = HFPeftEngine(model, named, **opts)
+    elif kind == "vllm":
         from simplan.inference.engines.vllm_local import VLLMEngine
 
-        return VLLMEngine(model, named, **opts)
-    from simplan.inference.engines.openai_client import OpenAIEngine
+        engine = VLLMEngine(model, named, **opts)
+    else:
+        from simplan.inference.engines.openai_client import OpenAIEngine
 
-    return OpenAIEngine(model, list(named), **opts)
+        engine = OpenAIEngine(model, list(named), **opts)
+    # Local adapter folders, where each adapter's prompt settings are read (inference/prompts.py); an
+    # openai engine has them when --adapters names local copies of the served adapters.
+    engine.adapter_dirs = {name: path for name, path in named.items() if path and Path(path).is_dir()}
+    return engine
 
 
 def engine_from_config(cfg: EngineConfig) -> Engine:

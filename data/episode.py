@@ -1,0 +1,495 @@
+"""One episode, one conversation: the state both training and inference render prompts from.
+
+An `EpisodeState` is appended to step by step (the observation, what the env lists, the action,
+whether it failed, notes the planner wrote) and a `ConversationRenderer` turns it into chat
+messages for the decider and the simulator. `simplan build` replays recorded trajectories into an
+EpisodeState (`EpisodeState.from_trajectory`); the planner appends real steps while acting and
+imagined ones while imagining (`state.branch().step(...)`), so an imagined step renders exactly
+like a real one, and every prompt the planner sends is a prefix of a training sequence.
+
+    state = EpisodeState.start(goal, observation, tools=None, valid_actions=[...])
+    state.step(action_text, next_observation, error=False, valid_actions=[...])
+    renderer = ConversationRenderer(PromptSettings(budget=1024), text_token_counter(tokenizer))
+    renderer.decider_messages(state)                 # system + goal, user/assistant turns, open user turn
+    renderer.simulator_messages(state, "open fridge")
+    renderer.examples(state, "decider")              # training sequences with per-message weights
+
+The decider's conversation: a system message (instructions, goal, tools, the failure memory), then
+one user turn per step (the observation, the valid actions when `show_valid` is set, notes) and one
+assistant turn per action. The simulator's is mirrored: the system message also holds the
+observation the window starts from, each action is a user turn and the observation it led to the
+assistant turn.
+
+Windows. An episode longer than the token budget is cut into windows, each repeating the system
+message (with the goal as it stands at the window's start) and starting `overlap` steps before its
+first trained step. The window of step t is a pure function of the steps up to t (greedy: a step
+opens a new window when its prompt would not fit), so the planner at step t and the builder agree
+on it without knowing the future, and consecutive steps share their prompt prefix.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from simplan.data.trajectory import Trajectory
+
+Messages = list[dict[str, str]]
+ROLES = ("decider", "simulator")
+FORMATS = ("conversation", "step")
+SETTINGS_FILE = "prompt_settings.json"
+
+# ---------------------------------------------------------------------------------------------
+# Templates: prompts are data, kept together here (data/format.py holds the per-step ones).
+# ---------------------------------------------------------------------------------------------
+DECIDER_SYSTEM = (
+    "You are the decider of an agent acting in an environment. Each user turn is what the environment "
+    "shows now; reply with exactly one next action and nothing else."
+)
+SIMULATOR_SYSTEM = (
+    "You are the simulator of an environment. Each user turn is an action; reply with exactly the "
+    "observation the environment returns after it."
+)
+TOOL_ACTION_HINT = (
+    "Reply with one tool call written as name(arg=value, ...) with Python literal values, "
+    "or finish() when the user's request is done."
+)
+SECTION_GOAL = "Goal: {goal}"
+SECTION_TOOLS = "Tools:\n{tools}"
+SECTION_FAILURES = "Failed before (avoid repeating):\n{items}"
+SECTION_START = "Observation:\n{observation}"
+SECTION_VALID = "Valid actions: {actions}"
+SECTION_NOTE = "Note: {note}"
+SECTION_NEW_TOOLS = "Tools now:\n{tools}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Settings: they shape every prompt, so they travel with the dataset and the adapter
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PromptSettings:
+    """How prompts are laid out. Written by `build` into the dataset, copied by `train` into the adapter,
+    read by the planner, `eval-model` and `serve`: a setting has one home, the artifact it shaped."""
+
+    format: str = "conversation"  # conversation | step (one prompt per step, data/format.py)
+    budget: int = 1024  # prompt tokens (chat template included) a window may reach, reserve included
+    reserve: int = 64  # tokens kept free for the completion when deciding where a window ends
+    overlap: int = 2  # steps a new window repeats as context before its first trained step
+    show_valid: bool = False  # list the valid actions in every decider user turn
+    max_failures: int = 5  # failure-memory lines in a window's system message (newest distinct)
+    max_history: int | None = 8  # step format only: recent steps a prompt shows before the budget trims
+
+    def __post_init__(self) -> None:
+        if self.format not in FORMATS:
+            raise ValueError(f"format: {self.format!r} is not one of {', '.join(FORMATS)}")
+        for name, low in (("budget", 1), ("reserve", 0), ("overlap", 0), ("max_failures", 0), ("max_history", 0)):
+            if getattr(self, name) is not None and getattr(self, name) < low:
+                raise ValueError(f"{name}: must be >= {low}, got {getattr(self, name)!r}")
+        if self.format == "conversation" and self.reserve >= self.budget:
+            raise ValueError(f"reserve: {self.reserve} leaves nothing of the budget {self.budget}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_dict(d: dict[str, Any], where: str = "prompt settings") -> PromptSettings:
+        known = {f.name for f in fields(PromptSettings)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"{where}: unknown keys {unknown}; known: {sorted(known)}")
+        return PromptSettings(**d)
+
+
+def write_settings(folder: str | Path, settings: PromptSettings) -> Path:
+    from simplan.data.io import write_json
+
+    path = Path(folder) / SETTINGS_FILE
+    write_json(path, settings.to_dict())
+    return path
+
+
+def read_settings(folder: str | Path) -> PromptSettings | None:
+    """The settings saved in a dataset or adapter folder, None when it has none (made before they travelled)."""
+    path = Path(folder) / SETTINGS_FILE
+    if not path.exists():
+        return None
+    return PromptSettings.from_dict(json.loads(path.read_text()), where=str(path))
+
+
+def merge_settings(saved: PromptSettings | None, explicit: dict[str, Any], where: str) -> PromptSettings:
+    """The saved settings with the run's explicit ones; a contradiction is an error naming both values."""
+    if saved is None:
+        return PromptSettings(**explicit)
+    clashes = {k: v for k, v in explicit.items() if getattr(saved, k) != v}
+    if clashes:
+        shown = ", ".join(f"{k}: {getattr(saved, k)!r} in {where}, {v!r} given" for k, v in sorted(clashes.items()))
+        raise ValueError(
+            f"prompt settings contradict the adapter's ({shown}); the adapter was trained on its settings, so "
+            "drop these flags (they are read from the adapter), or train an adapter with the new settings"
+        )
+    return saved
+
+
+# ---------------------------------------------------------------------------------------------
+# The episode state
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class Turn:
+    """One step of an episode: what the actor saw, then (once closed) what it did and what followed."""
+
+    observation: str
+    goal: str
+    tools: list[dict[str, Any]] | None = None
+    valid_actions: list[str] | None = None
+    notes: list[str] = field(default_factory=list)  # shown with the observation (pivot reasons, ...)
+    action: str | None = None  # rendered action; None while the turn is open
+    next_observation: str | None = None
+    error: bool = False
+    learn: bool = True  # a training target of the role the state was built for
+    imagined: bool = False
+
+
+def failure_note(action: str, observation: str, max_chars: int = 160) -> str:
+    """One failure-memory line: the action and what the environment answered."""
+    obs = " ".join(observation.split())
+    if len(obs) > max_chars:
+        obs = obs[: max_chars - 3] + "..."
+    return f"{action} -> {obs}"
+
+
+@dataclass
+class EpisodeState:
+    """The turns of one episode; the last one is open (observed, not yet acted on) while acting."""
+
+    turns: list[Turn]
+
+    @staticmethod
+    def start(
+        goal: str, observation: str, tools: list[dict[str, Any]] | None = None, valid_actions: list[str] | None = None
+    ) -> EpisodeState:
+        return EpisodeState([Turn(observation=observation, goal=goal, tools=tools, valid_actions=valid_actions)])
+
+    @property
+    def current(self) -> Turn:
+        return self.turns[-1]
+
+    def step(
+        self,
+        action: str,
+        observation: str,
+        error: bool = False,
+        valid_actions: list[str] | None = None,
+        goal: str | None = None,
+        tools: list[dict[str, Any]] | None = None,
+        notes: Sequence[str] = (),
+        learn: bool = True,
+        imagined: bool = False,
+    ) -> EpisodeState:
+        """Close the open turn with `action` and open the next one at `observation`; returns self."""
+        turn = self.current
+        if turn.action is not None:
+            raise ValueError("EpisodeState.step: the last turn is closed already (the episode ended)")
+        turn.action, turn.next_observation, turn.error, turn.learn = action, observation, error, learn
+        turn.imagined = turn.imagined or imagined
+        self.turns.append(
+            Turn(
+                observation=observation,
+                goal=goal or turn.goal,
+                tools=tools if tools is not None else turn.tools,
+                valid_actions=valid_actions,
+                notes=list(notes),
+                imagined=imagined,
+            )
+        )
+        return self
+
+    def note(self, text: str) -> None:
+        """Add a note to the open turn (the planner's pivot reasons); recorded in the step's `notes`."""
+        self.current.notes.append(text)
+
+    def branch(self) -> EpisodeState:
+        """A copy to imagine from: closed turns are shared, the open one is copied."""
+        return EpisodeState(self.turns[:-1] + [replace(self.current, notes=list(self.current.notes))])
+
+    @staticmethod
+    def from_trajectory(traj: Trajectory, learn: Callable[[Any], bool] = lambda step: True) -> EpisodeState:
+        """Replay a recorded trajectory; `learn(step)` says which steps are training targets. Goal and tools
+        change where a step's `info` says so (collection records a BFCL user turn or what a TWX agent read
+        there), from the next step on."""
+        goal, tools = traj.goal, traj.tools
+        turns = []
+        for i, s in enumerate(traj.steps):
+            if i > 0:
+                goal = traj.steps[i - 1].info.get("goal") or goal
+                tools = traj.steps[i - 1].info.get("tools") or tools
+            turns.append(
+                Turn(
+                    observation=s.observation,
+                    goal=goal,
+                    tools=tools,
+                    valid_actions=s.valid_actions,
+                    notes=list(s.notes),
+                    action=render_action_text(s.action),
+                    next_observation=s.next_observation,
+                    error=s.error,
+                    learn=learn(s),
+                )
+            )
+        if traj.steps:
+            last = traj.steps[-1]
+            turns.append(
+                Turn(
+                    observation=last.next_observation,
+                    goal=last.info.get("goal") or goal,
+                    tools=last.info.get("tools") or tools,
+                )
+            )
+        else:
+            turns.append(Turn(observation=traj.initial_observation, goal=goal, tools=tools))
+        return EpisodeState(turns)
+
+
+def render_action_text(action: Any) -> str:
+    from simplan.data.format import render_action
+
+    return render_action(action)
+
+
+# ---------------------------------------------------------------------------------------------
+# Rendering
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class Example:
+    """One training sequence: messages, a weight per message (1: an assistant turn that carries loss)
+    and, per message, the step it belongs to (-1 for the system message)."""
+
+    messages: Messages
+    weights: list[int]
+    steps: list[int]
+    window: tuple[int, int]  # first step shown, last step shown
+
+
+def _tools_text(tools: list[dict[str, Any]]) -> str:
+    return "\n".join(json.dumps(t, ensure_ascii=False, separators=(",", ":")) for t in tools)
+
+
+def approx_count_texts(texts: list[str]) -> list[int]:
+    """~4 characters per token: used when no tokenizer is at hand (the planner on an OpenAI server)."""
+    return [len(t) // 4 + 1 for t in texts]
+
+
+class ConversationRenderer:
+    """Renders an EpisodeState as the decider's or the simulator's conversation, window by window.
+
+    `count_texts` counts tokens of plain strings (data/format.text_token_counter(tokenizer)); window
+    boundaries use these counts plus a fixed per-message overhead measured on the chat template,
+    so they are the same wherever the same tokenizer renders the same steps.
+    """
+
+    def __init__(
+        self,
+        settings: PromptSettings,
+        count_texts: Callable[[list[str]], list[int]] = approx_count_texts,
+        message_overhead: int = 4,
+    ) -> None:
+        self.settings = settings
+        self.count_texts = count_texts
+        self.overhead = message_overhead
+        self._counts: dict[str, int] = {}
+
+    # -- text of each message ------------------------------------------------------------------
+    def system(self, state: EpisodeState, start: int, role: str) -> str:
+        turn = state.turns[start]
+        parts = [
+            DECIDER_SYSTEM if role == "decider" else SIMULATOR_SYSTEM,
+            SECTION_GOAL.format(goal=turn.goal.strip()),
+        ]
+        if turn.tools:
+            parts.append(SECTION_TOOLS.format(tools=_tools_text(turn.tools)))
+            if role == "decider":
+                parts.append(TOOL_ACTION_HINT)
+        failures = self.failures_before(state, start)
+        if failures:
+            parts.append(SECTION_FAILURES.format(items="\n".join(f"- {f}" for f in failures)))
+        if role == "simulator":
+            parts.append(SECTION_START.format(observation=turn.observation.strip()))
+        return "\n\n".join(parts)
+
+    def failures_before(self, state: EpisodeState, start: int) -> list[str]:
+        """Failure notes of the failed steps before `start`: distinct, newest last, the newest `max_failures`."""
+        keep = self.settings.max_failures
+        if not keep:
+            return []
+        notes: dict[str, None] = {}
+        for turn in state.turns[:start]:
+            if turn.error and turn.action is not None:
+                note = failure_note(turn.action, turn.next_observation or "")
+                notes.pop(note, None)
+                notes[note] = None
+        return list(notes)[-keep:]
+
+    def user(self, state: EpisodeState, t: int, start: int) -> str:
+        """The decider's user turn of step t in a window opened at `start`."""
+        turn = state.turns[t]
+        parts = [turn.observation.strip()]
+        if t > start and turn.tools and turn.tools != state.turns[t - 1].tools:
+            parts.append(SECTION_NEW_TOOLS.format(tools=_tools_text(turn.tools)))
+        if self.settings.show_valid and turn.valid_actions:
+            parts.append(SECTION_VALID.format(actions=" | ".join(turn.valid_actions)))
+        parts += [SECTION_NOTE.format(note=n) for n in turn.notes]
+        return "\n\n".join(parts)
+
+    # -- windows ---------------------------------------------------------------------------------
+    def _count(self, texts: list[str]) -> list[int]:
+        new = [t for t in dict.fromkeys(texts) if t not in self._counts]
+        if new:
+            if len(self._counts) > 200_000:
+                self._counts.clear()
+            self._counts.update(zip(new, self.count_texts(new)))
+        return [self._counts[t] for t in texts]
+
+    def window_starts(self, state: EpisodeState, role: str, upto: int | None = None) -> list[int]:
+        """The window start of every step 0..upto (default: every turn): greedy, a step that would not fit
+        opens a new window `overlap` steps back (fewer if those do not fit either)."""
+        n = len(state.turns) if upto is None else upto + 1
+        if role == "decider":
+            # start=0: counts the "tools now" note wherever tools change; a window opened there omits it,
+            # so the estimate errs on the long side, the same way wherever the same steps are rendered.
+            prompts = [self.user(state, t, 0) for t in range(n)]
+            replies = [state.turns[t].action or "" for t in range(n)]
+        else:
+            prompts = [state.turns[t].action or "" for t in range(n)]
+            replies = [state.turns[t].next_observation or "" for t in range(n)]
+        p_tok = self._count(prompts)
+        r_tok = self._count(replies)
+        budget = self.settings.budget - self.settings.reserve
+        headers: dict[int, int] = {}
+
+        def header(s: int) -> int:
+            if s not in headers:
+                headers[s] = self._count([self.system(state, s, role)])[0] + self.overhead
+            return headers[s]
+
+        def cost(s: int, t: int) -> int:
+            turns = sum(p_tok[i] + r_tok[i] + 2 * self.overhead for i in range(s, t))
+            return header(s) + turns + p_tok[t] + 2 * self.overhead  # the open turn and the generation prompt
+
+        starts, s = [], 0
+        for t in range(n):
+            if t > s and cost(s, t) > budget:
+                s = next((c for c in range(max(s, t - self.settings.overlap), t) if cost(c, t) <= budget), t)
+            starts.append(s)
+        return starts
+
+    def window_start(self, state: EpisodeState, role: str, t: int | None = None) -> int:
+        t = len(state.turns) - 1 if t is None else t
+        return self.window_starts(state, role, upto=t)[t]
+
+    # -- messages --------------------------------------------------------------------------------
+    def decider_messages(self, state: EpisodeState, t: int | None = None) -> Messages:
+        """The decider's prompt for the action of step t (default: the open turn)."""
+        t = len(state.turns) - 1 if t is None else t
+        start = self.window_start(state, "decider", t)
+        return self._decider_window(state, start, t, close_last=False)[0]
+
+    def simulator_messages(self, state: EpisodeState, action: str, t: int | None = None) -> Messages:
+        """The simulator's prompt for the observation after `action` taken at step t (default: the open turn)."""
+        t = len(state.turns) - 1 if t is None else t
+        if state.turns[t].action not in (None, action):
+            raise ValueError(f"simulator_messages: step {t} took {state.turns[t].action!r}, not {action!r}")
+        probe = state if state.turns[t].action is not None else _with_action(state, t, action)
+        start = self.window_start(probe, "simulator", t)
+        return self._simulator_window(probe, start, t, close_last=False)[0]
+
+    def _decider_window(
+        self, state: EpisodeState, start: int, end: int, close_last: bool
+    ) -> tuple[Messages, list[int], list[int]]:
+        messages = [{"role": "system", "content": self.system(state, start, "decider")}]
+        weights, steps = [0], [-1]
+        for t in range(start, end + 1):
+            messages.append({"role": "user", "content": self.user(state, t, start)})
+            weights.append(0)
+            steps.append(t)
+            if t < end or close_last:
+                turn = state.turns[t]
+                messages.append({"role": "assistant", "content": turn.action or ""})
+                weights.append(1 if turn.learn and not turn.imagined else 0)
+                steps.append(t)
+        return messages, weights, steps
+
+    def _simulator_window(
+        self, state: EpisodeState, start: int, end: int, close_last: bool
+    ) -> tuple[Messages, list[int], list[int]]:
+        messages = [{"role": "system", "content": self.system(state, start, "simulator")}]
+        weights, steps = [0], [-1]
+        for t in range(start, end + 1):
+            turn = state.turns[t]
+            messages.append({"role": "user", "content": turn.action or ""})
+            weights.append(0)
+            steps.append(t)
+            if t < end or close_last:
+                messages.append({"role": "assistant", "content": (turn.next_observation or "").strip()})
+                weights.append(1 if turn.learn and not turn.imagined else 0)
+                steps.append(t)
+        return messages, weights, steps
+
+    def examples(self, state: EpisodeState, role: str) -> list[Example]:
+        """Training sequences of a whole recorded episode: one per window, loss on the window's own steps.
+
+        A step's assistant turn carries weight 1 in the window that trains it when the step is a `learn`
+        step; mistakes stay as context (weight 0), and so do the overlap steps a window repeats."""
+        if role not in ROLES:
+            raise ValueError(f"role: {role!r} is not one of {ROLES}")
+        closed = [t for t, turn in enumerate(state.turns) if turn.action is not None]
+        if not closed:
+            return []
+        starts = self.window_starts(state, role, upto=closed[-1])
+        out = []
+        first = 0
+        for t in closed:
+            is_last = t == closed[-1] or starts[t + 1] != starts[t]
+            if not is_last:
+                continue
+            start = starts[t]
+            render = self._decider_window if role == "decider" else self._simulator_window
+            messages, weights, steps = render(state, start, t, close_last=True)
+            weights = [w if s >= first else 0 for w, s in zip(weights, steps)]  # overlap steps: context only
+            if any(weights):
+                out.append(Example(messages, weights, steps, (start, t)))
+            first = t + 1
+        return out
+
+
+def _with_action(state: EpisodeState, t: int, action: str) -> EpisodeState:
+    """`state` with step t's action set (to render the simulator's prompt for a proposed action)."""
+    turns = list(state.turns)
+    turns[t] = replace(turns[t], action=action)
+    return EpisodeState(turns)
+
+
+def message_overhead(tokenizer: Any) -> int:
+    """Tokens a chat template adds around one more message's content (role markers, separators).
+
+    Measured as a difference after a system message, since some templates (SmolLM2's, Qwen's) add a
+    default system prompt to a conversation that has none."""
+
+    def tokens(messages: Messages) -> int:
+        text = tokenizer.apply_chat_template(messages, tokenize=False)
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    system = [{"role": "system", "content": "x"}]
+    content = len(tokenizer("x", add_special_tokens=False)["input_ids"])
+    return max(1, tokens(system + [{"role": "user", "content": "x"}]) - tokens(system) - content)
+
+
+def renderer_for(settings: PromptSettings, tokenizer: Any = None) -> ConversationRenderer:
+    """The renderer with the tokenizer's own counts (approximate counts without one)."""
+    if tokenizer is None:
+        return ConversationRenderer(settings)
+    from simplan.data.format import text_token_counter
+
+    return ConversationRenderer(settings, text_token_counter(tokenizer), message_overhead(tokenizer))

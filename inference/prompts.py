@@ -1,0 +1,93 @@
+"""The planner's prompts: each role's prompt settings (read from its adapter) and one renderer per role.
+
+    prompts = PlannerPrompts.for_engine(engine, config, tokenizer)
+    prompts.decider(state)                  # messages asking for the next action
+    prompts.simulator(state, action)        # messages asking for the observation after `action`
+
+An adapter is trained on one prompt layout, saved beside it as prompt_settings.json by `simplan
+train` (data/episode.py); the planner renders exactly that layout. A run's explicit settings
+(PlannerConfig.prompt_format / prompt_budget / max_history / max_failures) that contradict the
+adapter's fail with both values named. An adapter without saved settings predates them and was
+trained on per-step prompts; the base model (no adapter) gets the run's settings, per-step unless
+`prompt_format: conversation` is given.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from simplan.data import format as fmt
+from simplan.data.episode import (
+    ConversationRenderer,
+    EpisodeState,
+    PromptSettings,
+    merge_settings,
+    read_settings,
+    renderer_for,
+)
+from simplan.envs.base import Action
+
+# PlannerConfig field -> PromptSettings field
+CONFIG_KEYS = {
+    "prompt_format": "format",
+    "prompt_budget": "budget",
+    "max_history": "max_history",
+    "max_failures": "max_failures",
+}
+FALLBACK_FORMAT = "step"  # no adapter settings and no prompt_format given: the layout adapters had before
+
+
+def explicit_settings(config: Any) -> dict[str, Any]:
+    """The prompt settings a PlannerConfig sets explicitly (fields left at None are not set)."""
+    return {key: getattr(config, name) for name, key in CONFIG_KEYS.items() if getattr(config, name, None) is not None}
+
+
+def role_settings(adapter_dir: str | None, explicit: dict[str, Any], role: str) -> PromptSettings:
+    """One role's settings: its adapter's (checked against the explicit ones), else the explicit ones."""
+    saved = read_settings(adapter_dir) if adapter_dir else None
+    if saved is not None:
+        return merge_settings(
+            saved, explicit, where=f"the {role} adapter ({Path(adapter_dir) / 'prompt_settings.json'})"
+        )
+    return PromptSettings(**{"format": FALLBACK_FORMAT, **explicit})
+
+
+@dataclass
+class PlannerPrompts:
+    decider_settings: PromptSettings
+    simulator_settings: PromptSettings
+    tokenizer: Any = None
+
+    def __post_init__(self) -> None:
+        if self.decider_settings.format != self.simulator_settings.format:
+            raise ValueError(
+                f"the decider adapter was trained on {self.decider_settings.format!r} prompts and the simulator on "
+                f"{self.simulator_settings.format!r}; build and train both with the same --format"
+            )
+        self.conversation = self.decider_settings.format == "conversation"
+        self._renderers: dict[str, ConversationRenderer] = {}
+        if self.conversation:
+            self._renderers = {
+                "decider": renderer_for(self.decider_settings, self.tokenizer),
+                "simulator": renderer_for(self.simulator_settings, self.tokenizer),
+            }
+
+    @staticmethod
+    def for_engine(engine: Any, config: Any, tokenizer: Any = None) -> PlannerPrompts:
+        dirs = getattr(engine, "adapter_dirs", None) or {}
+        explicit = explicit_settings(config)
+        decider = role_settings(dirs.get(config.decider_adapter or ""), explicit, "decider")
+        simulator = role_settings(dirs.get(config.simulator_adapter or ""), explicit, "simulator")
+        return PlannerPrompts(decider, simulator, tokenizer)
+
+    def decider(self, state: fmt.PromptState | EpisodeState) -> fmt.Messages:
+        if isinstance(state, EpisodeState):
+            return self._renderers["decider"].decider_messages(state)
+        return fmt.decider_messages(state)
+
+    def simulator(self, state: fmt.PromptState | EpisodeState, action: Action) -> fmt.Messages:
+        if isinstance(state, EpisodeState):
+            return self._renderers["simulator"].simulator_messages(state, fmt.render_action(action))
+        return fmt.simulator_messages(state, action)

@@ -1,0 +1,201 @@
+"""One episode, one conversation (data/episode.py): windows, loss masks, planner/training identity.
+
+.venv/bin/pytest -q tests/test_episode.py
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from simplan.data.build import BuildConfig, build, step_rows
+from simplan.data.collect import CollectConfig, collect
+from simplan.data.episode import EpisodeState, PromptSettings, renderer_for, write_settings
+from simplan.data.io import iter_jsonl
+from simplan.data.trajectory import Trajectory
+from simplan.envs.registry import make_env
+from simplan.inference.planner import Planner
+from simplan.inference.planner_config import PlannerConfig
+from simplan.inference.prompts import PlannerPrompts
+from simplan.inference.scripted import ScriptedEngine
+from simplan.training.tiny import _tokenizer
+from simplan.training.trainer import IGNORE_INDEX, tokenize_conversation
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return _tokenizer()
+
+
+def _collect(tmp_path: Path, env: str, policies: list[str], limit: int, **kw) -> list[Trajectory]:
+    out = tmp_path / f"{env}.jsonl"
+    collect(CollectConfig(env=env, policies=policies, limit=limit, branches=0, out=str(out), progress=False, **kw))
+    return [Trajectory.from_dict(json.loads(line)) for _, line in iter_jsonl(out)]
+
+
+def _long_toy(tmp_path: Path) -> list[Trajectory]:
+    return _collect(tmp_path, "toy", ["expert", "noisy_expert"], 6, env_kwargs={"max_rooms": 12})
+
+
+# ---------------------------------------------------------------------------------------------
+# Windows and masks
+# ---------------------------------------------------------------------------------------------
+def test_windows_repeat_the_goal_and_train_every_learned_step_once(tmp_path, tok):
+    renderer = renderer_for(PromptSettings(budget=200, reserve=16, overlap=2), tok)
+    windowed = 0
+    for traj in _long_toy(tmp_path):
+        state = EpisodeState.from_trajectory(traj, learn=lambda s: s.source in ("expert", "recovery"))
+        examples = renderer.examples(state, "decider")
+        windowed += len(examples) > 1
+        trained = [s for ex in examples for s, w in zip(ex.steps, ex.weights) if w]
+        expected = [s.index for s in traj.steps if s.source in ("expert", "recovery")]
+        assert trained == expected  # each learned step exactly once, in order; noise never trained
+        for before, ex in zip([None, *examples], examples):
+            assert ex.messages[0]["role"] == "system" and f"Goal: {traj.goal.strip()}" in ex.messages[0]["content"]
+            if before is not None:  # a later window repeats at most `overlap` steps of the one before
+                assert 0 <= before.window[1] + 1 - ex.window[0] <= 2
+            for m, w in zip(ex.messages, ex.weights):
+                assert w == 0 or m["role"] == "assistant"
+    assert windowed >= 2, "the budget should cut the longer corridors into several windows"
+
+
+def test_loss_mask_covers_exactly_the_weighted_assistant_turns(tmp_path, tok):
+    traj = _long_toy(tmp_path)[1]
+    state = EpisodeState.from_trajectory(traj, learn=lambda s: s.source != "noise")
+    ex = renderer_for(PromptSettings(budget=4096), tok).examples(state, "decider")[0]
+    enc = tokenize_conversation(tok, ex.messages, ex.weights)
+    labelled = [i for i, y in enumerate(enc["labels"]) if y != IGNORE_INDEX]
+    text = tok.decode([enc["input_ids"][i] for i in labelled])
+    expected = "".join(m["content"] + tok.eos_token for m, w in zip(ex.messages, ex.weights) if w)
+    assert text == expected
+    assert sum(ex.weights) < sum(m["role"] == "assistant" for m in ex.messages)  # the noise stays masked
+
+
+def test_an_imagined_step_renders_like_a_real_one(tok):
+    renderer = renderer_for(PromptSettings(budget=1024), tok)
+    real = EpisodeState.start("Reach the end.", "Room 1.", valid_actions=["go east"])
+    imagined = real.branch().step("go east", "Room 2.", imagined=True)
+    real.step("go east", "Room 2.")
+    assert renderer.decider_messages(imagined) == renderer.decider_messages(real)
+    assert renderer.simulator_messages(imagined, "go west") == renderer.simulator_messages(real, "go west")
+    assert len(real.turns) == 2 and len(imagined.turns) == 2
+
+
+# ---------------------------------------------------------------------------------------------
+# The planner renders what training saw, byte for byte
+# ---------------------------------------------------------------------------------------------
+def _replay_prompts(env_name: str, traj: Trajectory, settings: PromptSettings, tok) -> list[list[dict]]:
+    """The decider prompts the planner sends when its decider replays the recorded actions."""
+    actions = iter(s.action for s in traj.steps)
+    from simplan.data.format import render_action
+
+    engine = ScriptedEngine(decide=lambda req, user: render_action(next(actions)))
+    env = make_env(env_name, **traj.meta.get("env_kwargs", {}))
+    try:
+        config = PlannerConfig(
+            arm="reactive",
+            propose="sample",
+            prompt_format=settings.format,
+            prompt_budget=settings.budget,
+            max_steps=len(traj.steps),
+            raise_errors=True,
+        )
+        planner = Planner(engine, env, config, tokenizer=tok)
+        planner.prompts = PlannerPrompts(settings, settings, tok)
+        result = planner.run(traj.task)
+    finally:
+        getattr(env, "close", lambda: None)()
+    assert result.summary.steps == len(traj.steps)
+    return [r.messages for kind, requests in engine.calls if kind == "generate" for r in requests]
+
+
+def _training_prefixes(traj: Trajectory, settings: PromptSettings, tok) -> list[list[dict]]:
+    state = EpisodeState.from_trajectory(traj)
+    prefixes = {}
+    for ex in renderer_for(settings, tok).examples(state, "decider"):
+        for i, (m, s, w) in enumerate(zip(ex.messages, ex.steps, ex.weights)):
+            if m["role"] == "assistant" and w:
+                prefixes[s] = ex.messages[:i]
+    return [prefixes[t] for t in range(len(traj.steps))]
+
+
+def _check_identity(env_name: str, trajs: list[Trajectory], settings: PromptSettings, tok) -> None:
+    assert trajs
+    for traj in trajs:
+        planner_prompts = _replay_prompts(env_name, traj, settings, tok)
+        assert planner_prompts == _training_prefixes(traj, settings, tok), traj.id
+
+
+def test_planner_prompts_are_the_training_prefixes_toy(tmp_path, tok):
+    trajs = [t for t in _long_toy(tmp_path) if t.policy == "expert"]
+    _check_identity("toy", trajs, PromptSettings(budget=200, reserve=16), tok)
+
+
+def test_planner_prompts_are_the_training_prefixes_twx(tmp_path, tok):
+    pytest.importorskip("textworld_express")
+    trajs = _collect(tmp_path, "twx", ["expert"], 1, families=["cookingworld", "coin", "sorting"])
+    _check_identity("twx", trajs, PromptSettings(budget=512, reserve=32, show_valid=True), tok)
+
+
+def test_planner_prompts_are_the_training_prefixes_bfcl(tmp_path, tok):
+    pytest.importorskip("bfcl_eval")
+    trajs = _collect(tmp_path, "bfcl", ["expert"], 2, families=["multi_turn_base"])
+    _check_identity("bfcl", trajs, PromptSettings(budget=1024, reserve=32), tok)
+
+
+@pytest.mark.slow
+def test_planner_prompts_are_the_training_prefixes_scienceworld(tmp_path, tok):
+    pytest.importorskip("scienceworld")
+    trajs = _collect(tmp_path, "scienceworld", ["expert"], 1)
+    _check_identity("scienceworld", trajs, PromptSettings(budget=1024, reserve=32), tok)
+
+
+# ---------------------------------------------------------------------------------------------
+# Settings travel with the artifacts
+# ---------------------------------------------------------------------------------------------
+def test_build_writes_settings_and_eval_view_matches_the_turns(tmp_path, tok):
+    _long_toy(tmp_path)
+    out = tmp_path / "ds"
+    result = build(
+        BuildConfig(inputs=[str(tmp_path / "toy.jsonl")], out=str(out), max_prompt_tokens=200, progress=False),
+        tokenizer=tok,
+    )
+    saved = json.loads((out / "prompt_settings.json").read_text())
+    assert saved["format"] == "conversation" and saved["budget"] == 200
+    rows = [json.loads(line) for _, line in iter_jsonl(out / "train.jsonl")]
+    assert all("weight" in m for r in rows for m in r["messages"] if m["role"] == "assistant")
+    from datasets import load_from_disk
+
+    train = load_from_disk(str(out / "dataset"))["train"].to_list()
+    steps = [s for row in train for s in step_rows(row)]
+    assert (
+        len(steps)
+        == sum(r["trained_turns"] for r in train)
+        == result.stats["examples"]["by_source"]["expert"] + (result.stats["examples"]["by_source"].get("recovery", 0))
+    )
+    assert all(s["prompt"][-1]["role"] == "user" and s["completion"] for s in steps)
+
+
+class _Engine:
+    adapters = ["decider", "simulator"]
+
+    def __init__(self, dirs: dict[str, str]) -> None:
+        self.adapter_dirs = dirs
+
+
+def test_settings_that_contradict_the_adapter_fail_naming_both(tmp_path):
+    for role in ("decider", "simulator"):
+        write_settings(tmp_path / role, PromptSettings(budget=512))
+    engine = _Engine({r: str(tmp_path / r) for r in ("decider", "simulator")})
+    prompts = PlannerPrompts.for_engine(engine, PlannerConfig())
+    assert prompts.conversation and prompts.decider_settings.budget == 512
+    assert PlannerPrompts.for_engine(engine, PlannerConfig(prompt_budget=512)).decider_settings.budget == 512
+    with pytest.raises(ValueError, match=r"budget: 512 in the decider adapter .*, 1024 given"):
+        PlannerPrompts.for_engine(engine, PlannerConfig(prompt_budget=1024))
+    write_settings(tmp_path / "simulator", PromptSettings(format="step"))
+    with pytest.raises(ValueError, match="same --format"):
+        PlannerPrompts.for_engine(engine, PlannerConfig())
+    # No saved settings (an adapter from before they travelled, or the base model): per-step prompts.
+    assert not PlannerPrompts.for_engine(_Engine({}), PlannerConfig()).conversation
