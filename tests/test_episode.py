@@ -199,3 +199,54 @@ def test_settings_that_contradict_the_adapter_fail_naming_both(tmp_path):
         PlannerPrompts.for_engine(engine, PlannerConfig())
     # No saved settings (an adapter from before they travelled, or the base model): per-step prompts.
     assert not PlannerPrompts.for_engine(_Engine({}), PlannerConfig()).conversation
+
+
+# ---------------------------------------------------------------------------------------------
+# The OpenAI-messages export trains under TRL's SFTTrainer with the same loss mask
+# ---------------------------------------------------------------------------------------------
+# SmolLM2's ChatML template for conversations that open with a system message, with TRL's
+# {% generation %} markers around the assistant turns whose export `weight` is 1.
+WEIGHTED_CHATML = (
+    "{%- for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{%- if message['role'] == 'assistant' and message.get('weight', 1) %}"
+    "{% generation %}{{ message['content'] }}<|im_end|>{% endgeneration %}"
+    "{%- else %}{{ message['content'] }}<|im_end|>{%- endif %}\n"
+    "{%- endfor %}{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}"
+)
+
+
+def test_trl_sft_trains_on_the_export_with_our_loss_mask(tmp_path, tok):
+    trl = pytest.importorskip("trl")
+    from datasets import load_dataset
+
+    from simplan.training.tiny import tiny_model
+
+    _long_toy(tmp_path)
+    out = tmp_path / "ds"
+    build(BuildConfig(inputs=[str(tmp_path / "toy.jsonl")], out=str(out), max_prompt_tokens=200, progress=False), tok)
+    data = load_dataset("json", data_files=str(out / "train.jsonl"), split="train")
+    trl_tok = _tokenizer()
+    trl_tok.chat_template = WEIGHTED_CHATML
+    args = trl.SFTConfig(
+        output_dir=str(tmp_path / "trl"),
+        assistant_only_loss=True,
+        max_steps=2,
+        per_device_train_batch_size=2,
+        learning_rate=1e-3,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        bf16=False,
+    )
+    trainer = trl.SFTTrainer(model=str(tiny_model("llama")), args=args, train_dataset=data, processing_class=trl_tok)
+    for i in range(3):
+        row = trainer.train_dataset[i]
+        theirs = [y for y in row["labels"] if y != IGNORE_INDEX]  # TRL's labels from its assistant masks
+        messages = [{"role": m["role"], "content": m["content"]} for m in data[i]["messages"]]
+        weights = [int(m["role"] == "assistant" and (m.get("weight") or 0)) for m in data[i]["messages"]]
+        ours = [y for y in tokenize_conversation(tok, messages, weights)["labels"] if y != IGNORE_INDEX]
+        assert theirs == ours and ours
+    trainer.train()
+    losses = [r["loss"] for r in trainer.state.log_history if "loss" in r]
+    assert losses and all(loss == loss and loss > 0 for loss in losses)  # finite, positive
