@@ -7,11 +7,13 @@
                    TrainArguments(output_dir="runs/train/x"))
 
 What happens, in order:
-1. Each row's `prompt` (chat messages) is rendered with the tokenizer's chat template and its
-   `completion` gets the EOS token appended (both through data/format.py, the one prompt format
-   shared with inference), then tokenized; labels are -100 on every prompt token, so only the
-   completion (with its EOS, which teaches the model to stop) carries loss. Examples longer than
-   `max_length` are dropped and counted, never cut.
+1. Rows from `simplan build` are tokenized with the model's chat template (data/format.py and
+   data/episode.py, the prompt formats shared with inference). A conversation row (`messages` +
+   `weights`, one window of an episode) carries loss on every assistant turn of weight 1 and on the
+   EOS the template writes after it; a per-step row (`prompt` + `completion`) on its completion + EOS.
+   Everything else is labelled -100. Examples longer than `max_length` are dropped and counted,
+   never cut. The dataset's prompt_settings.json is saved into the adapter folder, where the
+   planner reads it.
 2. Batches are grouped by length and padded to the longest in the batch (the fast path on a CPU),
    or packed into one row whose position ids restart at every example; transformers then builds a
    block-diagonal causal mask (or uses varlen flash attention), so attention never crosses examples.
