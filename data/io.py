@@ -164,8 +164,8 @@ def read_jsonl_tolerant(path: str | os.PathLike) -> tuple[list[dict[str, Any]], 
         except json.JSONDecodeError as e:
             problems.append(f"{where}: not valid JSON ({e.msg})")
             continue
-        except RecursionError:
-            problems.append(f"{where}: not readable (JSON nested too deeply)")
+        except (ValueError, RecursionError) as e:  # an integer too long to convert, nesting deeper than the stack
+            problems.append(f"{where}: not readable ({type(e).__name__}: {str(e)[:120]})")
             continue
         if isinstance(record, dict):
             records.append(record)
