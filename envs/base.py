@@ -6,6 +6,10 @@ nothing else in the toolkit changes. Check any adapter with `simplan envs check 
 Actions are structured: `command` text for text games, `tool_call` (name + arguments) for tool
 environments, `finish` to end a turn or an episode (tool envs), `answer` for a free-text answer.
 They are parsed strictly from model output by each env's `parse_action` and never executed as code.
+
+Steps run under a wall-clock limit and observations are capped (envs/limits.py; `make_env` applies
+both). An adapter whose steps run Python code a thread cannot stop (BFCL's tool backends) takes a
+`step_timeout` constructor argument, keeps it as `self.step_timeout` and enforces it itself.
 """
 
 from __future__ import annotations
