@@ -319,6 +319,8 @@ class Planner:
         while True:
             if ep.steps >= b.max_steps:
                 return "budget_steps", False
+            if b.max_seconds and time.perf_counter() - ep.trace.t0 >= b.max_seconds:
+                return "budget_time", False
             fresh = not queue
             if fresh:
                 if b.token_budget and ep.meter.tokens >= b.token_budget:

@@ -47,7 +47,7 @@ from typing import Any, ClassVar
 from simplan.data.io import append_jsonl, read_jsonl_tolerant, write_jsonl
 
 TRACE_VERSION = 1
-END_STATUSES = ("success", "failed", "budget_steps", "budget_replans", "budget_tokens", "errored")
+END_STATUSES = ("success", "failed", "budget_steps", "budget_replans", "budget_tokens", "budget_time", "errored")
 ACT_SOURCES = ("plan", "reactive", "fallback")
 SEVERITIES = ("warning", "error")
 
