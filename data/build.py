@@ -19,6 +19,12 @@ with its recent history (data/format.py), dropping history oldest-first to fit t
 example still over budget, or whose completion is over its budget, is dropped (never cut) and
 counted. Identical examples are deduplicated within a fold.
 
+Input lines are checked exactly as `simplan validate` checks them (`data/validate.py`), so a line
+validate accepts is a line build accepts. A bad line (bytes that are not UTF-8, torn JSON, a schema
+problem, an id already used by a different record) stops the build before anything is written,
+naming every FILE:LINE; with `keep_going` the good lines are built and the problems are reported
+on stderr and in stats.json. The same record twice is counted and used once.
+
 Written to `out/`: dataset/ (a `datasets.DatasetDict` by fold, `save_to_disk`), {fold}.jsonl
 (OpenAI `messages` format; conversation assistant turns carry `weight` 1 or 0), stats.json,
 stats.md, config.json and prompt_settings.json (how prompts are laid out: `train` copies it into
@@ -38,8 +44,9 @@ from typing import Any
 
 from simplan.data import format as fmt
 from simplan.data.episode import FORMATS, EpisodeState, PromptSettings, renderer_for, write_settings
-from simplan.data.io import atomic_dir, iter_jsonl, write_json, write_jsonl, write_text
-from simplan.data.trajectory import STEP_SOURCES, Trajectory, validate_record
+from simplan.data.io import atomic_dir, write_json, write_jsonl, write_text
+from simplan.data.trajectory import STEP_SOURCES, Trajectory
+from simplan.data.validate import read_trajectory_lines
 from simplan.envs.base import FOLDS
 
 ROLES = ("decider", "simulator")
@@ -115,6 +122,13 @@ class BuildConfig:
     )
     batch_size: int = field(default=4096, metadata={"help": "prompts per tokenizer call"})
     progress: bool = field(default=True, metadata={"help": "show progress bars"})
+    keep_going: bool = field(
+        default=False,
+        metadata={
+            "help": "build from the good lines when some input lines are bad (each is reported as FILE:LINE "
+            "and counted in stats.json); without it a bad line stops the build before anything is written"
+        },
+    )
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -163,6 +177,10 @@ class FoldLeakError(ValueError):
     """A task appears in more than one fold: evaluation on it would be contaminated."""
 
 
+class MalformedInputError(ValueError):
+    """Input lines that are not valid trajectories (without `keep_going`); the message names each FILE:LINE."""
+
+
 @dataclass
 class BuildResult:
     out: Path
@@ -199,35 +217,41 @@ class Loaded:
 
 
 def load_trajectories(files: list[Path], include_errored: bool = False) -> Loaded:
-    """Read and validate every line; a malformed line is reported as FILE:LINE and skipped."""
-    loaded, seen = Loaded(), set()
-    for path in files:
-        for lineno, line in iter_jsonl(path):
-            where = f"{path}:{lineno}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                loaded.malformed_lines += 1
-                loaded.problems.append(f"{where}: not valid JSON ({e.msg})")
-                continue
-            problems = []
-            try:
-                traj = Trajectory.from_dict(record)  # validates; the detailed problems only on failure
-            except (ValueError, TypeError, KeyError, AttributeError) as e:
-                problems = validate_record(record) or [f"(record): {e}"]
-            if problems:
-                loaded.malformed_lines += 1
-                loaded.problems += [f"{where}: {p}" for p in problems]
-                continue
-            if traj.id in seen:
-                loaded.skipped["duplicate_trajectory_id"] += 1
-                continue
-            seen.add(traj.id)
-            if traj.status == "errored" and not include_errored:
-                loaded.skipped["errored_trajectory"] += 1
-                continue
+    """Read and check every line as `simplan validate` does; a bad line is reported as FILE:LINE and skipped.
+
+    Bad lines: those validate rejects, and a trajectory id seen earlier with different content (the
+    first one is kept). The same record twice is only counted (`skipped.duplicate_trajectory_id`).
+    """
+    loaded = Loaded()
+    for line in read_trajectory_lines(files):
+        problems = list(line.problems)
+        if line.duplicate_of is not None and not line.same_content:
+            problems.append(line.duplicate_problem())
+        if problems:
+            loaded.malformed_lines += 1
+            loaded.problems += [f"{line.where}: {p}" for p in problems]
+            continue
+        traj = line.trajectory
+        if line.duplicate_of is not None:
+            loaded.skipped["duplicate_trajectory_id"] += 1
+        elif traj.status == "errored" and not include_errored:
+            loaded.skipped["errored_trajectory"] += 1
+        else:
             loaded.trajectories.append(traj)
     return loaded
+
+
+def refuse_malformed(loaded: Loaded, files: list[Path]) -> None:
+    """Raise MalformedInputError naming the bad lines (the first MAX_REPORTED_PROBLEMS problems)."""
+    shown = loaded.problems[:MAX_REPORTED_PROBLEMS]
+    more = len(loaded.problems) - len(shown)
+    raise MalformedInputError(
+        f"{loaded.malformed_lines} bad input line(s):\n"
+        + "\n".join(shown)
+        + (f"\n... and {more} more problems" if more else "")
+        + f"\nFix them (`simplan validate {' '.join(str(f) for f in files)} --keep-going` lists all and splits "
+        "good lines from bad), or pass --keep_going true to build from the good lines."
+    )
 
 
 def check_folds(trajectories: list[Trajectory]) -> None:
@@ -724,6 +748,8 @@ def build(cfg: BuildConfig, tokenizer: Any = None) -> BuildResult:
         tokenizer = load_tokenizer(cfg.model)
     t0 = time.perf_counter()  # tokenizer loading (imports transformers) is timed apart
     loaded = load_trajectories(files, include_errored=cfg.include_errored)
+    if loaded.malformed_lines and not cfg.keep_going:
+        refuse_malformed(loaded, files)
     check_folds(loaded.trajectories)
     counts: Counter = Counter()
     candidates = make_candidates(loaded.trajectories, cfg, counts) if cfg.format == "step" else []

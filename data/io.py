@@ -14,6 +14,7 @@ import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -72,11 +73,22 @@ def write_json(path: str | os.PathLike, obj: Any) -> None:
         f.write("\n")
 
 
+def json_line(record: dict[str, Any]) -> str:
+    """One JSONL line. Text is kept readable (ensure_ascii=False) unless it holds a lone surrogate, which
+    UTF-8 cannot encode: that record is written with \\u escapes, so no content can fail a write."""
+    line = json.dumps(record, ensure_ascii=False)
+    try:
+        line.encode("utf-8")
+    except UnicodeEncodeError:
+        line = json.dumps(record, ensure_ascii=True)
+    return line + "\n"
+
+
 def write_jsonl(path: str | os.PathLike, records: Iterable[dict[str, Any]]) -> int:
     n = 0
     with atomic_open(path) as f:
         for rec in records:
-            f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+            f.write(json_line(rec))
             n += 1
     return n
 
@@ -85,7 +97,7 @@ def append_jsonl(path: str | os.PathLike, records: Iterable[dict[str, Any]]) -> 
     """Append whole lines durably (one write per call), for logs that a resumed run extends."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    payload = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+    payload = "".join(json_line(r) for r in records)
     if not payload:
         return
     with open(path, "a", encoding="utf-8") as f:
@@ -94,25 +106,69 @@ def append_jsonl(path: str | os.PathLike, records: Iterable[dict[str, Any]]) -> 
         os.fsync(f.fileno())
 
 
+class JsonlLineError(ValueError):
+    """A line of a JSONL file that cannot be read as text; the message names FILE:LINE and the byte."""
+
+
+@dataclass(frozen=True)
+class JsonlLine:
+    """One non-empty line as read from disk: its bytes, and its text when the bytes are UTF-8."""
+
+    lineno: int  # from 1
+    raw: bytes  # exactly as on disk, newline included
+    text: str | None  # None when the bytes are not UTF-8
+    problem: str | None = None  # why `text` is None: "not UTF-8 at byte N (0xNN)"
+
+
+def iter_jsonl_lines(path: str | os.PathLike) -> Iterator[JsonlLine]:
+    """Every non-empty line of `path`, decoded one at a time, so a bad byte spoils only its own line."""
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            if not raw.strip():
+                continue
+            try:
+                yield JsonlLine(lineno, raw, raw.decode("utf-8"))
+            except UnicodeDecodeError as e:
+                problem = f"not UTF-8 at byte {e.start + 1} (0x{raw[e.start]:02x}); save the file as UTF-8"
+                yield JsonlLine(lineno, raw, None, problem)
+
+
 def iter_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, str]]:
-    """Yield (line number, raw line) for every non-empty line; line numbers start at 1."""
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if line.strip():
-                yield lineno, line
+    """Yield (line number, raw line) for every non-empty line; line numbers start at 1.
+
+    A line that is not UTF-8 raises `JsonlLineError` naming FILE:LINE; readers that go on past bad
+    lines (`read_jsonl_tolerant`, `simplan validate`, `simplan build`) use `iter_jsonl_lines`.
+    """
+    for line in iter_jsonl_lines(path):
+        if line.text is None:
+            raise JsonlLineError(f"{path}:{line.lineno}: {line.problem}")
+        yield line.lineno, line.text
 
 
 def read_jsonl_tolerant(path: str | os.PathLike) -> tuple[list[dict[str, Any]], list[str]]:
     """Read a JSONL log written by `append_jsonl`: returns (records, problems as 'FILE:LINE: why').
 
-    A crashed writer can leave one torn last line; it is reported, not fatal.
+    A crashed writer can leave one torn last line, and a damaged file a line of bad bytes or of
+    something other than a JSON object: each is reported and skipped, the other lines still read.
     """
     records, problems = [], []
     if not Path(path).exists():
         return records, problems
-    for lineno, line in iter_jsonl(path):
+    for line in iter_jsonl_lines(path):
+        where = f"{path}:{line.lineno}"
+        if line.text is None:
+            problems.append(f"{where}: {line.problem}")
+            continue
         try:
-            records.append(json.loads(line))
+            record = json.loads(line.text)
         except json.JSONDecodeError as e:
-            problems.append(f"{path}:{lineno}: not valid JSON ({e.msg})")
+            problems.append(f"{where}: not valid JSON ({e.msg})")
+            continue
+        except (ValueError, RecursionError) as e:  # an integer too long to convert, nesting deeper than the stack
+            problems.append(f"{where}: not readable ({type(e).__name__}: {str(e)[:120]})")
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+        else:
+            problems.append(f"{where}: expected a JSON object, got {type(record).__name__}")
     return records, problems

@@ -26,6 +26,7 @@ Check files with `simplan validate FILE`.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -60,8 +61,17 @@ class Step:
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> Step:
+        """A Step from its JSON form; raises `InvalidRecord` naming every bad field."""
+        problems = step_problems(d) + _json_value_problems(d, "")
+        if problems:
+            raise InvalidRecord(problems)
+        return Step._from_checked(d)
+
+    @staticmethod
+    def _from_checked(d: dict[str, Any]) -> Step:
         d = dict(d)
         d["action"] = Action.from_dict(d["action"])
+        d["info"] = d.get("info") or {}
         return Step(**d)
 
 
@@ -105,9 +115,13 @@ class Trajectory:
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> Trajectory:
+        """A Trajectory from its JSON form; raises `InvalidRecord` naming every bad field.
+
+        Whatever passes `validate_record` converts here (and renders in `data/format.py`), so
+        `simplan validate` and `simplan build` accept the same records."""
         problems = validate_record(d)
         if problems:
-            raise ValueError("; ".join(problems))
+            raise InvalidRecord(problems)
         return Trajectory(
             id=d["id"],
             env=d["env"],
@@ -115,7 +129,7 @@ class Trajectory:
             goal=d["goal"],
             policy=d["policy"],
             initial_observation=d["initial_observation"],
-            steps=[Step.from_dict(s) for s in d["steps"]],
+            steps=[Step._from_checked(s) for s in d["steps"]],
             tools=d.get("tools"),
             success=d["success"],
             final_score=d["final_score"],
@@ -128,7 +142,17 @@ class Trajectory:
 
 # --------------------------------------------------------------------------------------------
 # Validation: every problem is reported as "field: problem" so callers can prefix FILE:LINE.
+# One check serves `simplan validate`, `simplan build` and `from_dict`: a record it passes converts
+# and renders without error, so validate and build never disagree about a line.
 # --------------------------------------------------------------------------------------------
+class InvalidRecord(ValueError):
+    """A record that does not match the schema; `problems` holds each one as 'field: problem'."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
 _TOP: dict[str, tuple[type, ...]] = {
     "schema_version": (int,),
     "id": (str,),
@@ -154,6 +178,11 @@ _STEP: dict[str, tuple[type, ...]] = {
     "error": (bool,),
     "source": (str,),
 }
+_STEP_FIELDS = frozenset(Step.__dataclass_fields__)
+
+
+def _kind(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
 
 
 def _type_problems(obj: dict[str, Any], spec: dict[str, tuple[type, ...]], prefix: str) -> list[str]:
@@ -164,55 +193,144 @@ def _type_problems(obj: dict[str, Any], spec: dict[str, tuple[type, ...]], prefi
         elif isinstance(obj[key], bool) and bool not in types:
             out.append(f"{prefix}{key}: expected {types[0].__name__}, got bool")
         elif not isinstance(obj[key], types):
-            out.append(f"{prefix}{key}: expected {types[0].__name__}, got {type(obj[key]).__name__}")
+            out.append(f"{prefix}{key}: expected {types[0].__name__}, got {_kind(obj[key])}")
     return out
+
+
+def _optional_problems(obj: dict[str, Any], key: str, types: tuple[type, ...], what: str, prefix: str) -> list[str]:
+    """A field that may be missing or null, else must be one of `types` (`what` names them in the message)."""
+    value = obj.get(key)
+    if value is None or isinstance(value, types):
+        return []
+    return [f"{prefix}{key}: expected {what} or null, got {_kind(value)}"]
+
+
+def _objects_problems(value: Any, where: str) -> list[str]:
+    """Tool schemas: null or a list of JSON objects."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        return [f"{where}: expected a list of objects or null, got {_kind(value)}"]
+    return [
+        f"{where}[{i}]: expected an object, got {_kind(t)}" for i, t in enumerate(value) if not isinstance(t, dict)
+    ]
+
+
+def _json_value_problems(value: Any, path: str) -> list[str]:
+    """NaN/infinity and text that is not valid Unicode (lone surrogates), anywhere below `path`.
+
+    Python's json reads both, but neither survives the way out: NaN is not JSON, poisons a score
+    mean, and a lone surrogate cannot be encoded as UTF-8 or tokenized. Iterative, so a deeply
+    nested record cannot exhaust the stack."""
+    problems: list[str] = []
+    stack: list[tuple[str, Any]] = [(path, value)]
+    while stack:
+        where, v = stack.pop()
+        if isinstance(v, float):
+            if not math.isfinite(v):
+                problems.append(f"{where}: {v} is not a finite number")
+        elif isinstance(v, str):
+            if (at := _lone_surrogate_at(v)) is not None:
+                problems.append(f"{where}: not valid Unicode (a lone surrogate at character {at + 1})")
+        elif isinstance(v, dict):
+            for k in v:
+                if isinstance(k, str) and _lone_surrogate_at(k) is not None:
+                    problems.append(f"{where or '(record)'}: the key {k!a} is not valid Unicode")
+            stack.extend(reversed([(f"{where}.{k}" if where else str(k), x) for k, x in v.items()]))
+        elif isinstance(v, list):
+            stack.extend(reversed([(f"{where}[{i}]", x) for i, x in enumerate(v)]))
+    return problems
+
+
+def _lone_surrogate_at(text: str) -> int | None:
+    """Index of the first character UTF-8 cannot encode (a lone surrogate), or None."""
+    if text.isascii():
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return e.start
+    return None
+
+
+def action_problems(action: Any, prefix: str = "action.") -> list[str]:
+    """Problems of one action record (see `envs.base.Action`), field names prefixed by `prefix`."""
+    if not isinstance(action, dict):
+        return [f"{prefix[:-1]}: expected an object, got {_kind(action)}"]
+    problems = _optional_problems(action, "text", (str,), "a string", prefix)
+    problems += _optional_problems(action, "name", (str,), "a string", prefix)
+    if "arguments" in action and not isinstance(action["arguments"], dict | None):
+        problems.append(
+            f"{prefix}arguments: expected an object of argument names to values, got {_kind(action['arguments'])}"
+        )
+    if problems:
+        return problems
+    kind = action.get("kind")
+    if kind not in ACTION_KINDS:
+        problems.append(f"{prefix}kind: {kind!r} is not one of {ACTION_KINDS}")
+    elif kind == "tool_call" and not action.get("name"):
+        problems.append(f"{prefix}name: a tool_call needs a name")
+    elif kind == "command" and not (action.get("text") or "").strip():
+        problems.append(f"{prefix}text: a command needs text")
+    return problems
+
+
+def step_problems(step: Any, prefix: str = "") -> list[str]:
+    """Problems of one step record, field names prefixed by `prefix` (e.g. 'steps[3].')."""
+    if not isinstance(step, dict):
+        return [f"{prefix[:-1] or '(step)'}: expected an object, got {_kind(step)}"]
+    problems = _type_problems(step, _STEP, prefix)
+    problems += [f"{prefix}{key}: not a step field" for key in step if key not in _STEP_FIELDS]
+    if problems:
+        return problems
+    if step["source"] not in STEP_SOURCES:
+        problems.append(f"{prefix}source: {step['source']!r} is not one of {STEP_SOURCES}")
+    problems += action_problems(step["action"], f"{prefix}action.")
+    va = step.get("valid_actions")
+    if va is not None and not (isinstance(va, list) and all(isinstance(a, str) for a in va)):
+        problems.append(f"{prefix}valid_actions: expected a list of strings or null")
+    problems += _optional_problems(step, "expectation", (str,), "a string", prefix)
+    notes = step.get("notes", [])
+    if not (isinstance(notes, list) and all(isinstance(n, str) for n in notes)):
+        problems.append(f"{prefix}notes: expected a list of strings")
+    info = step.get("info")
+    if info is not None and not isinstance(info, dict):
+        problems.append(f"{prefix}info: expected an object or null, got {_kind(info)}")
+    elif info:  # read by the prompt builder: a new user turn's goal and tools (BFCL)
+        problems += _optional_problems(info, "goal", (str,), "a string", f"{prefix}info.")
+        problems += _objects_problems(info.get("tools"), f"{prefix}info.tools")
+    return problems
 
 
 def validate_record(d: Any) -> list[str]:
     """All schema problems of one decoded JSON line, as 'field: problem' strings (empty if valid)."""
     if not isinstance(d, dict):
-        return [f"(record): expected a JSON object, got {type(d).__name__}"]
+        return [f"(record): expected a JSON object, got {_kind(d)}"]
     problems = _type_problems(d, _TOP, "")
     if problems:
         return problems
     if d["schema_version"] != SCHEMA_VERSION:
         problems.append(f"schema_version: {d['schema_version']} is not supported (expected {SCHEMA_VERSION})")
+    if not d["id"].strip():
+        problems.append("id: empty")
     if d["status"] not in STATUSES:
         problems.append(f"status: {d['status']!r} is not one of {STATUSES}")
+    problems += _optional_problems(d, "error", (str,), "a string", "")
+    problems += _optional_problems(d, "meta", (dict,), "an object", "")
+    problems += _objects_problems(d.get("tools"), "tools")
     task = d["task"]
     for key in ("env", "task_id", "fold"):
         if not isinstance(task.get(key), str):
             problems.append(f"task.{key}: missing or not a string")
     if isinstance(task.get("fold"), str) and task["fold"] not in FOLDS:
         problems.append(f"task.fold: {task['fold']!r} is not one of {FOLDS}")
-    if d.get("tools") is not None and not isinstance(d["tools"], list):
-        problems.append("tools: expected a list or null")
+    if "family" in task and not isinstance(task["family"], str):
+        problems.append(f"task.family: expected a string, got {_kind(task['family'])}")
+    problems += _optional_problems(task, "params", (dict,), "an object", "task.")
     for i, step in enumerate(d["steps"]):
         prefix = f"steps[{i}]."
-        if not isinstance(step, dict):
-            problems.append(f"steps[{i}]: expected an object")
-            continue
-        step_problems = _type_problems(step, _STEP, prefix)
-        problems += step_problems
-        if step_problems:
-            continue
-        if step["index"] != i:
-            problems.append(f"{prefix}index: {step['index']} but it is step {i}")
-        if step["source"] not in STEP_SOURCES:
-            problems.append(f"{prefix}source: {step['source']!r} is not one of {STEP_SOURCES}")
-        action = step["action"]
-        if action.get("kind") not in ACTION_KINDS:
-            problems.append(f"{prefix}action.kind: {action.get('kind')!r} is not one of {ACTION_KINDS}")
-        elif action["kind"] == "tool_call" and not action.get("name"):
-            problems.append(f"{prefix}action.name: a tool_call needs a name")
-        elif action["kind"] == "command" and not str(action.get("text", "")).strip():
-            problems.append(f"{prefix}action.text: a command needs text")
-        va = step.get("valid_actions")
-        if va is not None and not (isinstance(va, list) and all(isinstance(a, str) for a in va)):
-            problems.append(f"{prefix}valid_actions: expected a list of strings or null")
-        if step.get("expectation") is not None and not isinstance(step["expectation"], str):
-            problems.append(f"{prefix}expectation: expected a string or null")
-        notes = step.get("notes", [])
-        if not (isinstance(notes, list) and all(isinstance(n, str) for n in notes)):
-            problems.append(f"{prefix}notes: expected a list of strings")
-    return problems
+        found = step_problems(step, prefix)
+        if not found and step["index"] != i:
+            found.append(f"{prefix}index: {step['index']} but it is step {i}")
+        problems += found
+    return problems + _json_value_problems(d, "")

@@ -7,23 +7,96 @@
     report = validate_file("runs/data/twx-train.jsonl")
     print(report.summary()); assert report.ok
 
-Every non-empty line is parsed and checked with `validate_record`; each problem is reported as
-`FILE:LINE: field: problem`. An episode id seen before (in any of the files) is a problem of the
-later line. With `keep_going`, good lines are written on unchanged to the output file and bad
-lines, also unchanged, to the rejects file (both written atomically), so nothing is lost: fix the
-rejects and validate them again.
+Every non-empty line is read on its own (bytes that are not UTF-8 spoil only their line), parsed
+and checked with `validate_record`; each problem is reported as `FILE:LINE: field: problem`.
+`read_trajectory_lines` does this for `simplan build` too, so both accept exactly the same lines.
+An episode id seen on an earlier good line (in any of the files) is a problem of the later line,
+which says whether its content is the same or different and where the first one is. With
+`keep_going`, good lines are written on unchanged (byte for byte) to the output file and bad lines
+to the rejects file (both written atomically), so nothing is lost: fix the rejects and validate
+them again.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from simplan.data.io import atomic_open, iter_jsonl
-from simplan.data.trajectory import validate_record
+from simplan.data.io import atomic_open, iter_jsonl_lines
+from simplan.data.trajectory import InvalidRecord, Trajectory
+
+
+@dataclass
+class TrajectoryLine:
+    """One non-empty line of a trajectory file, checked: its trajectory, or the problems that stop it."""
+
+    path: str
+    lineno: int
+    raw: bytes  # exactly as on disk, so a split into good and rejected lines loses nothing
+    trajectory: Trajectory | None  # None when there are problems
+    problems: list[str]  # "field: problem"; a duplicate id is not among them (see `duplicate_problem`)
+    duplicate_of: str | None = None  # FILE:LINE of an earlier good line with the same id
+    same_content: bool = False  # that earlier line holds the same record
+
+    @property
+    def where(self) -> str:
+        return f"{self.path}:{self.lineno}"
+
+    def duplicate_problem(self) -> str | None:
+        """'id: ...' naming the earlier line when this line's id was seen before, else None."""
+        if self.duplicate_of is None or self.trajectory is None:
+            return None
+        first = f"{self.trajectory.id!r} (first at {self.duplicate_of}"
+        if self.same_content:
+            return f"id: duplicate episode id {first}, the same record)"
+        return f"id: duplicate episode id {first}) with different content; drop one line or give it a new id"
+
+
+def parse_line(text: str) -> tuple[Trajectory | None, list[str], dict | None]:
+    """(trajectory or None, problems as 'field: problem', the decoded record or None) for one line."""
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError as e:
+        return None, [f"(json): not valid JSON ({e.msg} at column {e.colno})"], None
+    except (ValueError, RecursionError) as e:  # an integer too long to convert, nesting deeper than the stack
+        return None, [f"(json): not readable ({type(e).__name__}: {str(e)[:120]})"], None
+    try:
+        return Trajectory.from_dict(record), [], record
+    except InvalidRecord as e:
+        return None, e.problems, record
+
+
+def _fingerprint(record: dict) -> bytes:
+    """Equal for equal records however the JSON was spaced or its keys ordered."""
+    canonical = json.dumps(record, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.blake2b(canonical.encode("utf-8"), digest_size=16).digest()
+
+
+def read_trajectory_lines(paths: Sequence[str | os.PathLike]) -> Iterator[TrajectoryLine]:
+    """Every non-empty line of `paths` in order, checked; ids are compared across all the files.
+
+    Only good lines claim an id, so a bad line never makes a later good line with its id a duplicate.
+    """
+    seen: dict[str, tuple[str, bytes]] = {}  # id -> (FILE:LINE of its first good line, fingerprint)
+    for path in paths:
+        for line in iter_jsonl_lines(path):
+            if line.text is None:
+                yield TrajectoryLine(str(path), line.lineno, line.raw, None, [f"(encoding): {line.problem}"])
+                continue
+            trajectory, problems, record = parse_line(line.text)
+            checked = TrajectoryLine(str(path), line.lineno, line.raw, trajectory, problems)
+            if trajectory is not None:
+                fingerprint = _fingerprint(record)
+                if trajectory.id in seen:
+                    checked.duplicate_of, first_fingerprint = seen[trajectory.id]
+                    checked.same_content = fingerprint == first_fingerprint
+                else:
+                    seen[trajectory.id] = (checked.where, fingerprint)
+            yield checked
 
 
 @dataclass
@@ -57,16 +130,6 @@ class ValidationReport:
         return "\n".join(lines)
 
 
-def line_problems(line: str) -> tuple[list[str], str | None]:
-    """(problems as 'field: problem', the record's id or None) for one raw JSONL line."""
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as e:
-        return [f"(json): not valid JSON ({e.msg} at column {e.colno})"], None
-    record_id = record.get("id") if isinstance(record, dict) and isinstance(record.get("id"), str) else None
-    return validate_record(record), record_id
-
-
 def default_outputs(path: str | os.PathLike) -> tuple[Path, Path]:
     """`X.jsonl` -> (`X.good.jsonl`, `X.rejects.jsonl`) next to it."""
     p = Path(path)
@@ -93,30 +156,23 @@ def validate_files(
         if out_path == rejects_path:
             raise ValueError(f"--out and --rejects are the same file ({out_path}); give two paths")
     report = ValidationReport(paths=[str(p) for p in paths])
-    seen: dict[str, str] = {}  # id -> FILE:LINE of first occurrence
-    good_lines: list[str] = []
-    bad_lines: list[str] = []
-    for path in paths:
-        for lineno, raw in iter_jsonl(path):
-            report.lines += 1
-            where = f"{path}:{lineno}"
-            problems, record_id = line_problems(raw)
-            if record_id is not None:
-                if record_id in seen:
-                    problems.append(f"id: duplicate episode id {record_id!r} (first at {seen[record_id]})")
-                else:
-                    seen[record_id] = where
-            line = raw if raw.endswith("\n") else raw + "\n"
-            if problems:
-                report.bad_lines.append(where)
-                report.problems += [f"{where}: {p}" for p in problems]
-                bad_lines.append(line)
-            else:
-                report.good += 1
-                good_lines.append(line)
+    good_lines: list[bytes] = []
+    bad_lines: list[bytes] = []
+    for line in read_trajectory_lines(paths):
+        report.lines += 1
+        duplicate = line.duplicate_problem()
+        problems = line.problems + ([duplicate] if duplicate else [])
+        raw = line.raw if line.raw.endswith(b"\n") else line.raw + b"\n"
+        if problems:
+            report.bad_lines.append(line.where)
+            report.problems += [f"{line.where}: {p}" for p in problems]
+            bad_lines.append(raw)
+        else:
+            report.good += 1
+            good_lines.append(raw)
     if keep_going:
         # Both files are complete before either replaces its target (inputs may be overwritten).
-        with atomic_open(out_path) as good_f, atomic_open(rejects_path) as bad_f:
+        with atomic_open(out_path, "wb") as good_f, atomic_open(rejects_path, "wb") as bad_f:
             good_f.writelines(good_lines)
             bad_f.writelines(bad_lines)
         report.out_path, report.rejects_path = str(out_path), str(rejects_path)

@@ -6,6 +6,10 @@ nothing else in the toolkit changes. Check any adapter with `simplan envs check 
 Actions are structured: `command` text for text games, `tool_call` (name + arguments) for tool
 environments, `finish` to end a turn or an episode (tool envs), `answer` for a free-text answer.
 They are parsed strictly from model output by each env's `parse_action` and never executed as code.
+
+Steps run under a wall-clock limit and observations are capped (envs/limits.py; `make_env` applies
+both). An adapter whose steps run Python code a thread cannot stop (BFCL's tool backends) takes a
+`step_timeout` constructor argument, keeps it as `self.step_timeout` and enforces it itself.
 """
 
 from __future__ import annotations
@@ -57,7 +61,7 @@ class Action:
     def key(self) -> str:
         """A canonical string that identifies the action (for caches, repeats and bans)."""
         if self.kind == "tool_call":
-            return f"{self.name}({json.dumps(self.arguments, sort_keys=True, ensure_ascii=False)})"
+            return f"{self.name}({_canonical_json(self.arguments)})"
         if self.kind == "finish":
             return "finish"
         return self.text.strip().lower() if self.kind == "command" else f"answer:{self.text.strip()}"
@@ -76,6 +80,22 @@ class Action:
 
     def __hash__(self) -> int:  # dict field: hash the canonical key instead
         return hash(self.key())
+
+
+def _canonical_json(arguments: dict[str, Any]) -> str:
+    """Sorted-key JSON of tool-call arguments (the same text as plain `json.dumps` for JSON values).
+
+    Arguments JSON cannot hold (a set, bytes, mixed key types: never from `parse_tool_call`, maybe
+    from code that builds Actions) still get a key, so `key()` never raises where it is used
+    (caches, bans, traces)."""
+    try:
+        return json.dumps(arguments, sort_keys=True, ensure_ascii=False, default=repr)
+    except (TypeError, ValueError):  # keys sort_keys cannot order (1 and "a"), an int too long for str()
+        pass
+    try:
+        return json.dumps(repr(arguments), ensure_ascii=False)
+    except ValueError:
+        return '"<arguments too large to print>"'
 
 
 @dataclass(frozen=True)

@@ -44,12 +44,27 @@ ground-truth turn has 34 calls).
 "Error during execution: ..."), and for an unknown/withheld tool, a non-literal or malformed
 argument, or a non-tool action (none of these is executed).
 
+Limits. Tool calls run in a worker process (`envs.limits.WorkerProcess`), one per episode, that holds
+bfcl's backend instances: a call that runs past `step_timeout` seconds (default 10; bfcl's MathAPI
+computes `power(base=3, exponent=1000000000)` for minutes holding the GIL, which no thread can stop) is
+killed with the process and becomes a failed action ("did not finish within N s ... it had no effect",
+`info["timed_out"]`); the episode goes on. Before the next step a fresh worker replays the episode's
+executed calls (and the ground truth's finished turns) to rebuild the backend state, and checks that
+every replayed call returns what it returned the first time (bfcl's backends are deterministic: all
+799 expert replays agree run to run); a replay that differs or runs over its own limit raises
+`EnvCrashed` (the episode is marked errored). A backend that dies mid-call (e.g. out of memory) is
+handled as a timeout. A finish step's turn check and final verdict share the step's limit; when they
+are stopped, the turn counts as failed (`error_type` "simplan:check_stopped"). Arguments known to hang
+or flood the MathAPI (a precision above `MAX_PRECISION` digits, an integer power above
+`MAX_POWER_BITS` bits) are refused before the call with an error observation (`check_bounds`).
+
 Safety. Model text is parsed with `data.format.parse_tool_call` (ast, literal arguments only, only
 the task's currently available functions). bfcl executes calls with `eval()`, so the string it
 receives is rebuilt from the structured Action with `repr()` of each literal value and parsed back
 to check that it round-trips to the same call before it is passed on; raw model text never
-reaches bfcl. bfcl caches backend instances in module globals keyed by model name + task id: each
-reset uses a fresh unique model name and reset/close delete that episode's instances.
+reaches bfcl. bfcl caches backend instances in module globals keyed by model name + task id; they live
+only in the episode's worker process, which reset/close kill, so nothing an episode did (including
+the MathAPI's process-wide mpmath precision) carries into the next.
 
 Success and score. After each turn whose ground truth is non-empty, bfcl's own `state_checker`
 (backend states equal the ground truth's) and `response_checker` (every ground-truth result of the
@@ -65,16 +80,20 @@ from __future__ import annotations
 import ast
 import functools
 import hashlib
+import importlib
 import inspect
 import json
+import math
 import re
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from simplan.data.format import parse_tool_call
-from simplan.envs.base import FOLDS, Action, ActionParseError, Observation, StepResult, Task
+from simplan.envs.base import FOLDS, Action, ActionParseError, EnvCrashed, Observation, StepResult, Task
+from simplan.envs.limits import StepTimeout, WorkerDied, WorkerProcess
 
 try:
     import bfcl_eval
@@ -82,7 +101,10 @@ try:
     from bfcl_eval.constants.default_prompts import (
         DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC,
     )
-    from bfcl_eval.constants.executable_backend_config import MULTI_TURN_FUNC_DOC_FILE_MAPPING
+    from bfcl_eval.constants.executable_backend_config import (
+        CLASS_FILE_PATH_MAPPING,
+        MULTI_TURN_FUNC_DOC_FILE_MAPPING,
+    )
     from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils
     from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import (
         multi_turn_checker,
@@ -103,6 +125,15 @@ CATEGORIES: tuple[str, ...] = (
     "multi_turn_long_context",
 )
 MAX_STEPS_PER_TURN = 50  # one call per step; the longest ground-truth turn has 34 calls
+STEP_TIMEOUT = 10.0  # seconds; bfcl's backends are in-memory Python: every expert call takes milliseconds
+# Starting a worker (a fresh interpreter imports bfcl and loads the scenario: ~0.1 s on an idle machine);
+# a replay gets this plus twice the time its calls took the first time.
+SETUP_TIMEOUT = 60.0
+# Argument bounds of the MathAPI (the ground truth uses precision <= 10 and no power): measured,
+# logarithm(precision=300000) takes 76 s, square_root(precision=1000000) returns a 1 MB result, and
+# power(base=3, exponent=1000000000) runs for minutes.
+MAX_PRECISION = 1000  # digits
+MAX_POWER_BITS = 100_000  # bits of an integer power's result (3**63000 has ~100,000)
 FOLD_SHARES: tuple[float, float] = (0.70, 0.85)  # cumulative cut points of the hash order: train | dev | test
 _FOLD_SALT = "bfcl-multi-turn"
 # Read the bundled files directly: importing bfcl_eval.utils would create result/ and score/
@@ -116,6 +147,12 @@ END_TEXT = "The user has no further requests; the conversation is over."
 UNKNOWN_TOOL_TEXT = "Error: {name!r} is not an available tool. Available tools: {tools}."
 BAD_CALL_TEXT = "Error: {reason}. Write name(arg=value, ...) with Python literal values."
 NOT_A_TOOL_TEXT = "Error: this environment takes tool calls name(arg=value, ...) or finish(), got a {kind} action."
+OUT_OF_BOUNDS_TEXT = "Error: {reason}; the call was not executed."
+CALL_STOPPED_TEXT = (
+    "Error: {call} did not finish within {seconds:g} s (the step time limit) and was stopped; it had no effect. "
+    "Use smaller arguments or another tool."
+)
+CALL_CRASHED_TEXT = "Error: {call} crashed the tool backend and was undone; it had no effect."
 
 
 # ---------------------------------------------------------------------------------------------
@@ -290,6 +327,106 @@ def _drop_instances(model_name: str) -> None:
         cache.pop(key, None)
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def argument_problem(action: Action) -> str | None:
+    """Why a call's arguments would hang or flood bfcl's MathAPI (see MAX_PRECISION, MAX_POWER_BITS), or None.
+
+    Comparisons only, never float() of an argument: an integer literal may be too large for a float."""
+    args = action.arguments
+    if action.name in ("logarithm", "square_root"):
+        precision = args.get("precision")
+        if _is_number(precision) and abs(precision) > MAX_PRECISION:
+            return f"{action.name}: precision is above the {MAX_PRECISION} digits allowed"
+    if action.name == "power":
+        base, exponent = args.get("base"), args.get("exponent")
+        exact = all(isinstance(v, int) and not isinstance(v, bool) for v in (base, exponent))
+        if exact and abs(base) > 1 and exponent > MAX_POWER_BITS / math.log2(abs(base)):
+            return f"power: the result would have more than {MAX_POWER_BITS:,} bits; use a smaller exponent"
+    return None
+
+
+@functools.cache
+def _backend_class(class_name: str) -> type:
+    """bfcl's backend class (its methods' signatures name the ground truth's positional arguments)."""
+    return getattr(importlib.import_module(CLASS_FILE_PATH_MAPPING[class_name]), class_name)
+
+
+# ---------------------------------------------------------------------------------------------
+# The worker process's side: one episode's backend instances, in bfcl's module globals
+# ---------------------------------------------------------------------------------------------
+_EPISODE: dict[str, Any] = {}  # set by _w_open in the worker; never used in the env's own process
+
+
+def _bfcl_execute(calls: list[str], model_name: str) -> tuple[list[str], dict[str, Any]]:
+    entry: BFCLEntry = _EPISODE["entry"]
+    return execute_multi_turn_func_call(
+        calls,
+        entry.initial_config,
+        entry.involved_classes,
+        model_name,
+        entry.id,
+        long_context=_EPISODE["long_context"],
+        is_evaL_run=False,
+    )
+
+
+def _w_open(entry: BFCLEntry, long_context: bool, model_name: str, calls: list[str], gt_turns: int) -> list[str]:
+    """Create the episode's instances, replay `calls` and the ground truth of the first `gt_turns` turns;
+    returns the replayed calls' results."""
+    _EPISODE.clear()
+    _EPISODE.update(entry=entry, long_context=long_context, model=model_name, gt=f"{model_name}_groundtruth")
+    results, _ = _bfcl_execute(calls, model_name)
+    if gt_turns:
+        _bfcl_execute([c for turn in entry.ground_truth[:gt_turns] for c in turn], _EPISODE["gt"])
+    return results
+
+
+def _w_execute(call: str) -> str:
+    """One model call against the episode's instances."""
+    results, _ = _bfcl_execute([call], _EPISODE["model"])
+    return results[0]
+
+
+def _w_check_turn(turn: int, all_results: list[str], made_calls: bool) -> dict[str, Any] | None:
+    """Run the turn's ground truth, then bfcl's state and response checkers (None for an unchecked turn)."""
+    ground_truth = _EPISODE["entry"].ground_truth[turn]
+    gt_results, gt_instances = _bfcl_execute(ground_truth, _EPISODE["gt"])
+    if not ground_truth:
+        return None
+    if not made_calls:
+        return {
+            "valid": False,
+            "error_type": "multi_turn:empty_turn_model_response",
+            "error_message": f"Model response list is empty for turn {turn}",
+        }
+    _, instances = _bfcl_execute([], _EPISODE["model"])
+    check = state_checker(instances, gt_instances)
+    if check["valid"]:
+        check = response_checker(all_results, gt_results, turn)
+    return _check_summary(check)
+
+
+def _w_final_verdict(turn_calls: list[list[str]]) -> dict[str, Any]:
+    """bfcl-eval's multi_turn_checker over the whole episode (fresh instances, then dropped)."""
+    entry: BFCLEntry = _EPISODE["entry"]
+    name = f"{_EPISODE['model']}_final"
+    decoded = [[[call] for call in calls] for calls in turn_calls]
+    try:
+        verdict = multi_turn_checker(decoded, entry.ground_truth, entry.bfcl_entry(), entry.category, name)
+    except AssertionError as e:  # bfcl asserts on inconsistent instance sets
+        verdict = {"valid": False, "error_type": "multi_turn:checker_assertion", "error_message": str(e)}
+    finally:
+        _drop_instances(name)
+    return _check_summary(verdict)
+
+
+def _stopped_check(what: str, error: Exception) -> dict[str, Any]:
+    return {"valid": False, "error_type": "simplan:check_stopped", "error_message": f"{what} was stopped: {error}"}
+
+
 # ---------------------------------------------------------------------------------------------
 # The environment
 # ---------------------------------------------------------------------------------------------
@@ -298,13 +435,26 @@ class BFCLEnv:
 
     name = "bfcl"
 
-    def __init__(self, max_steps_per_turn: int = MAX_STEPS_PER_TURN, compact_tools: bool = False) -> None:
+    def __init__(
+        self,
+        max_steps_per_turn: int = MAX_STEPS_PER_TURN,
+        compact_tools: bool = False,
+        step_timeout: float = STEP_TIMEOUT,
+        check_bounds: bool = True,
+    ) -> None:
         if max_steps_per_turn < 1:
             raise ValueError(f"max_steps_per_turn: must be >= 1, got {max_steps_per_turn}")
+        if not step_timeout >= 0:  # also rejects NaN
+            raise ValueError(f"step_timeout: must be >= 0 seconds (0 = no limit), got {step_timeout!r}")
         self.max_steps_per_turn = max_steps_per_turn
         self.compact_tools = compact_tools
+        self.step_timeout = float(step_timeout)  # enforced here (envs/limits.py: make_env adds no watchdog)
+        self.check_bounds = check_bounds
         self._entry: BFCLEntry | None = None
         self._model_name = ""
+        self._worker = WorkerProcess("bfcl")
+        self._rebuild_needed = False
+        self._deadline = 0.0
 
     # -- task listing ------------------------------------------------------------------------
     def tasks(self, fold: str, families: list[str] | None = None, limit: int | None = None) -> list[Task]:
@@ -344,7 +494,6 @@ class BFCLEnv:
         self._entry = entry
         self._long_context = "long_context" in category
         self._model_name = f"simplan_{uuid.uuid4().hex}"
-        self._gt_name = f"{self._model_name}_groundtruth"
         self._docs = {d["name"]: d for c in entry.involved_classes for d in function_docs(c)}
         withheld = {f for names in entry.missed.values() for f in names} | set(entry.excluded)
         self._available = [n for n in self._docs if n not in withheld]
@@ -354,22 +503,38 @@ class BFCLEnv:
         self._all_results: list[str] = []
         self._checks: list[dict[str, Any]] = []
         self._n_checked = sum(1 for gt in entry.ground_truth if gt)
+        self._call_seconds: list[float] = []  # how long each executed call took (bounds a replay)
         self._done = False
         self._goal = ""
-        _, self._instances = self._execute([], self._model_name)
+        self._rebuild_needed = False
+        self._open_backend([])
         return self._turn_observation()
 
-    def _execute(self, calls: list[str], model_name: str) -> tuple[list[str], dict[str, Any]]:
+    # -- the worker process ------------------------------------------------------------------
+    def _open_backend(self, expected: list[str]) -> None:
+        """A fresh worker with the episode's instances after the calls so far; `expected`: their results."""
         assert self._entry is not None
-        return execute_multi_turn_func_call(
-            calls,
-            self._entry.initial_config,
-            self._entry.involved_classes,
-            model_name,
-            self._entry.id,
-            long_context=self._long_context,
-            is_evaL_run=False,
-        )
+        calls = [c for turn in self._turn_calls for c in turn]
+        limit = SETUP_TIMEOUT + 2 * sum(self._call_seconds)
+        what = f"bfcl {self._entry.id}: rebuilding the backend state ({len(calls)} calls)"
+        try:
+            results = self._worker.call(
+                _w_open, self._entry, self._long_context, self._model_name, calls, self._turn, timeout=limit
+            )
+        except (StepTimeout, WorkerDied) as e:
+            raise EnvCrashed(f"{what} failed: {e}; the episode is lost (mark it errored)") from e
+        for i, (got, want) in enumerate(zip(results, expected)):
+            if got != want:
+                raise EnvCrashed(
+                    f"{what}: replayed call {calls[i]!r} returned {got[:200]!r}, not {want[:200]!r} as before; "
+                    "the state cannot be trusted, the episode is lost (mark it errored)"
+                )
+        self._rebuild_needed = False
+
+    def _in_worker(self, fn: Any, *args: Any) -> Any:
+        """`fn(*args)` in the worker within what is left of this step's time limit."""
+        left = max(self._deadline - time.monotonic(), 0.01) if self.step_timeout else 0.0
+        return self._worker.call(fn, *args, timeout=left)
 
     def _turn_observation(self) -> Observation:
         assert self._entry is not None
@@ -404,6 +569,9 @@ class BFCLEnv:
             raise RuntimeError("BFCLEnv.step called before reset")
         if self._done:
             raise RuntimeError(f"BFCLEnv.step: episode {self._entry.id} is over; call reset")
+        if self._rebuild_needed:  # the previous step was stopped: its worker is gone
+            self._open_backend(self._all_results)
+        self._deadline = time.monotonic() + self.step_timeout
         before = self._score()
         self._steps_in_turn += 1
         info: dict[str, Any] = {"turn": self._turn, "turns": len(self._entry.question), "call": None}
@@ -434,8 +602,20 @@ class BFCLEnv:
         if parsed.name != action.name or parsed.arguments != action.arguments:
             reason = f"{action.name}: arguments must be Python literals with plain names, got {call!r}"
             return self._observe(BAD_CALL_TEXT.format(reason=reason), error=True)
-        results, _ = self._execute([call], self._model_name)
-        result = results[0]
+        if self.check_bounds and (problem := argument_problem(action)):
+            return self._observe(OUT_OF_BOUNDS_TEXT.format(reason=problem), error=True)
+        t0 = time.monotonic()
+        try:
+            result = self._in_worker(_w_execute, call)
+        except StepTimeout:
+            self._rebuild_needed = True
+            info["timed_out"] = self.step_timeout
+            return self._observe(CALL_STOPPED_TEXT.format(call=call, seconds=self.step_timeout), error=True)
+        except WorkerDied as e:
+            self._rebuild_needed = True
+            info["worker_died"] = str(e)
+            return self._observe(CALL_CRASHED_TEXT.format(call=call), error=True)
+        self._call_seconds.append(time.monotonic() - t0)
         self._turn_calls[self._turn].append(call)
         self._all_results.append(result)
         info["call"] = call
@@ -444,20 +624,13 @@ class BFCLEnv:
     def _end_turn(self, info: dict[str, Any]) -> Observation:
         assert self._entry is not None
         turn = self._turn
-        ground_truth = self._entry.ground_truth[turn]
-        gt_results, gt_instances = self._execute(ground_truth, self._gt_name)
-        if ground_truth:
-            if not self._turn_calls[turn]:
-                check = {
-                    "valid": False,
-                    "error_type": "multi_turn:empty_turn_model_response",
-                    "error_message": f"Model response list is empty for turn {turn}",
-                }
-            else:
-                check = state_checker(self._instances, gt_instances)
-                if check["valid"]:
-                    check = response_checker(self._all_results, gt_results, turn)
-            self._checks.append({"turn": turn, **_check_summary(check)})
+        try:
+            check = self._in_worker(_w_check_turn, turn, self._all_results, bool(self._turn_calls[turn]))
+        except (StepTimeout, WorkerDied) as e:
+            self._rebuild_needed = True  # the rebuild replays this turn's ground truth too
+            check = _stopped_check("the turn check", e) if self._entry.ground_truth[turn] else None
+        if check is not None:
+            self._checks.append({"turn": turn, **check})
             info["turn_check"] = self._checks[-1]
         self._turn += 1
         self._steps_in_turn = 0
@@ -476,19 +649,11 @@ class BFCLEnv:
         return self._observe(END_TEXT, error=False)
 
     def _final_verdict(self) -> dict[str, Any]:
-        """bfcl-eval's multi_turn_checker over the whole episode (fresh instances, then dropped)."""
-        assert self._entry is not None
-        name = f"{self._model_name}_final"
-        decoded = [[[call] for call in calls] for calls in self._turn_calls]
+        """bfcl-eval's multi_turn_checker over the whole episode, in the worker."""
         try:
-            verdict = multi_turn_checker(
-                decoded, self._entry.ground_truth, self._entry.bfcl_entry(), self._entry.category, name
-            )
-        except AssertionError as e:  # bfcl asserts on inconsistent instance sets
-            verdict = {"valid": False, "error_type": "multi_turn:checker_assertion", "error_message": str(e)}
-        finally:
-            _drop_instances(name)
-        return _check_summary(verdict)
+            return self._in_worker(_w_final_verdict, self._turn_calls)
+        except (StepTimeout, WorkerDied) as e:
+            return _stopped_check("bfcl's final checker", e)
 
     def _force_terminate(self, info: dict[str, Any]) -> Observation:
         self._done = True
@@ -519,18 +684,19 @@ class BFCLEnv:
         if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name) or not node.args:
             return call
         method = self._method(node.func.id)
-        names = [p for p in inspect.signature(method).parameters if p != "self"]
+        names = [p for p in inspect.signature(method).parameters if p != "self"]  # an unbound function
         if len(node.args) > len(names):
             raise ValueError(f"{self._entry.id if self._entry else '?'}: ground truth {call!r} has too many arguments")
         keywords = [ast.keyword(arg=n, value=v) for n, v in zip(names, node.args)] + node.keywords
         return ast.unparse(ast.Call(func=node.func, args=[], keywords=keywords))
 
     def _method(self, name: str) -> Any:
-        for instance in self._instances.values():
-            method = getattr(instance, name, None)
+        assert self._entry is not None
+        for class_name in self._entry.involved_classes:
+            method = getattr(_backend_class(class_name), name, None)
             if callable(method) and not name.startswith("_"):
                 return method
-        raise ValueError(f"no backend method {name!r} in {sorted(self._instances)}")
+        raise ValueError(f"no backend method {name!r} in {self._entry.involved_classes}")
 
     # -- parsing -----------------------------------------------------------------------------
     def parse_action(self, text: str) -> Action:
@@ -541,9 +707,7 @@ class BFCLEnv:
 
     # -- clean-up ----------------------------------------------------------------------------
     def _release(self) -> None:
-        if self._model_name:
-            _drop_instances(self._model_name)  # also drops the *_groundtruth and *_final instances
-        self._instances = {}
+        self._worker.kill()  # the episode's instances die with it
         self._model_name = ""
 
     def close(self) -> None:
@@ -555,6 +719,7 @@ __all__ = [
     "CATEGORIES",
     "BFCLEntry",
     "BFCLEnv",
+    "argument_problem",
     "base_id_of",
     "call_string",
     "category_of",

@@ -10,10 +10,18 @@ tests is just another implementation.
 Every result carries its own token counts and seconds, so callers account cost per episode.
 Constrained decoding: `choices` (output is exactly one of them), `regex`, or `json_schema`; a
 backend that cannot honour one raises `NotImplementedError` naming the backend and the option.
+
+Model text is untrusted: `MeteredEngine` (every planner call goes through it) checks each backend's
+results against this protocol (`EngineContractError` otherwise) and passes every completion text
+through `sanitize_text` before anyone hashes, parses or writes it.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import numbers
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -121,12 +129,116 @@ class Engine(Protocol):
     def close(self) -> None: ...
 
 
+# ---------------------------------------------------------------------------------------------
+# The boundary: results checked against the protocol, model text made safe
+# ---------------------------------------------------------------------------------------------
+# Far above what a completion of the planner's max_tokens holds (the longest BFCL ground-truth call is
+# 6,839 characters), low enough that hashing, similarity and trace writing stay cheap on runaway text.
+DEFAULT_MAX_TEXT_CHARS = 8000
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
+class EngineContractError(RuntimeError):
+    """A backend returned results that break the engine protocol: the backend's fault, not the model text's.
+
+    The planner lets it end the episode as "errored" with this message; the evaluation goes on.
+    """
+
+
+def sanitize_text(text: str, max_chars: int = DEFAULT_MAX_TEXT_CHARS) -> str:
+    """Model text made safe to hash, parse and write as UTF-8: lone surrogates (which no UTF-8 encoder
+    accepts) become U+FFFD, NUL bytes are removed, and the text is cut to `max_chars` characters."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = _SURROGATE.sub("\ufffd", text)
+    return text.replace("\x00", "")[:max_chars]
+
+
+def backend_name(engine: Any) -> str:
+    """The class name of the backend under any wrappers (MeteredEngine, BatchingEngine), for error messages."""
+    seen = 0
+    while seen < 8 and (inner := getattr(engine, "engine", None) or getattr(engine, "inner", None)) is not None:
+        engine, seen = inner, seen + 1
+    return type(engine).__name__
+
+
+def _broken(engine: Any, tag: str, what: str) -> EngineContractError:
+    return EngineContractError(
+        f"{backend_name(engine)}: {what} (request tag {tag!r}); the engine backend broke its protocol "
+        "(inference/engine.py), fix or update the backend"
+    )
+
+
+def _bad_logprob(x: Any) -> bool:
+    """NaN or +inf, or not a number: a log-probability no model produces (-inf is a legal zero probability)."""
+    return not isinstance(x, numbers.Real) or math.isnan(x) or x == math.inf
+
+
+def checked_generation(
+    engine: Any,
+    requests: list[GenerationRequest],
+    results: list[GenerationResult],
+    max_chars: int = DEFAULT_MAX_TEXT_CHARS,
+) -> list[GenerationResult]:
+    """`results` of `engine.generate(requests)` checked against the protocol, with every text sanitized.
+
+    Raises EngineContractError for a wrong number of results, a result without completions, a text
+    that is not a string, or a NaN/+inf logprob. Returns new result objects (the backend's are not changed).
+    """
+    if not isinstance(results, list) or len(results) != len(requests):
+        got = len(results) if isinstance(results, list) else type(results).__name__
+        tag = requests[0].tag if requests else ""
+        raise _broken(engine, tag, f"generate returned {got} results for {len(requests)} requests")
+    out = []
+    for req, res in zip(requests, results):
+        if not res.completions:
+            raise _broken(engine, req.tag, f"a GenerationResult with no completions for a request with n={req.n}")
+        completions = []
+        for c in res.completions:
+            if not isinstance(c.text, str):
+                raise _broken(engine, req.tag, f"a completion text of type {type(c.text).__name__}, not str")
+            if c.logprob is not None and _bad_logprob(c.logprob):
+                raise _broken(engine, req.tag, f"a completion logprob of {c.logprob!r}")
+            completions.append(dataclasses.replace(c, text=sanitize_text(c.text, max_chars)))
+        out.append(dataclasses.replace(res, completions=completions))
+    return out
+
+
+def checked_scores(engine: Any, requests: list[ScoreRequest], results: list[ScoreResult]) -> list[ScoreResult]:
+    """`results` of `engine.score(requests)` checked against the protocol: one result per request, one
+    finite-or--inf logprob and one token count per candidate. Raises EngineContractError otherwise."""
+    if not isinstance(results, list) or len(results) != len(requests):
+        got = len(results) if isinstance(results, list) else type(results).__name__
+        tag = requests[0].tag if requests else ""
+        raise _broken(engine, tag, f"score returned {got} results for {len(requests)} requests")
+    for req, res in zip(requests, results):
+        n = len(req.candidates)
+        if len(res.logprobs) != n or len(res.num_tokens) != n:
+            raise _broken(
+                engine,
+                req.tag,
+                f"a ScoreResult with {len(res.logprobs)} logprobs and {len(res.num_tokens)} token counts "
+                f"for {n} candidates",
+            )
+        bad = [x for x in res.logprobs if _bad_logprob(x)]
+        if bad:
+            raise _broken(engine, req.tag, f"a ScoreResult with logprob(s) {bad[:3]!r}")
+    return results
+
+
 class MeteredEngine:
     """An engine that counts the calls, tokens and seconds passing through it; scoring tokens count as
-    prompt tokens. The planner wraps the (possibly shared) engine in one per episode."""
+    prompt tokens. The planner wraps the (possibly shared) engine in one per episode.
 
-    def __init__(self, engine: Engine) -> None:
+    It is also the boundary where model output enters the planner: results are checked against the
+    protocol (EngineContractError) and completion texts sanitized (`sanitize_text`, `max_text_chars`)."""
+
+    def __init__(self, engine: Engine, max_text_chars: int = DEFAULT_MAX_TEXT_CHARS) -> None:
+        if max_text_chars < 1:
+            raise ValueError(f"MeteredEngine.max_text_chars: must be >= 1, got {max_text_chars}")
         self.engine = engine
+        self.max_text_chars = max_text_chars
         self.calls = 0
         self.prompt_tokens = 0
         self.completion_tokens = 0
@@ -141,6 +253,7 @@ class MeteredEngine:
         results = self.engine.generate(requests)
         self.seconds += time.perf_counter() - t0
         self.calls += 1
+        results = checked_generation(self.engine, requests, results, self.max_text_chars)
         self.prompt_tokens += sum(r.prompt_tokens for r in results)
         self.completion_tokens += sum(r.completion_tokens for r in results)
         return results
@@ -150,5 +263,6 @@ class MeteredEngine:
         results = self.engine.score(requests)
         self.seconds += time.perf_counter() - t0
         self.calls += 1
+        results = checked_scores(self.engine, requests, results)
         self.prompt_tokens += sum(r.prompt_tokens + sum(r.num_tokens) for r in results)
         return results

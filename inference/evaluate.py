@@ -17,9 +17,13 @@ How it runs:
   one write to `out/traces.jsonl` (its whole trace, inference/trace.py) and then to
   `out/results.jsonl` (its `EpisodeSummary`). Re-running the same command resumes: an episode
   whose trace has an end event is never run again; a torn last line is moved to `FILE.torn`, the
-  events of an episode cut short are moved to `traces.jsonl.partial`, and a result line missing
-  for a finished trace is rebuilt from the trace. The traces are the source of every metric
-  (inference/metrics.py); results.jsonl is a convenience copy.
+  events of an episode cut short are moved to `traces.jsonl.partial`, a second finished run of an
+  episode (only a file written by two runs at once has one) to `traces.jsonl.duplicate`, and a
+  result line missing for a finished trace is rebuilt from the trace. The traces are the source of
+  every metric (inference/metrics.py); results.jsonl is a convenience copy.
+- One run at a time per folder: `out/eval.lock` is locked (flock) for the run's duration, so a
+  second `simplan eval` on the same --out refuses at once, naming the pid that holds it. The OS
+  drops the lock when its process dies, so a crashed run never leaves a stale lock behind.
 - `out/eval_config.json` records what the episodes depend on (suite, planner settings, faults,
   model and adapters); resuming with different values is refused (use another --out or --fresh).
   `out/run.json` records each invocation's wall time, concurrency and batching statistics.
@@ -28,13 +32,18 @@ How it runs:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
+import fcntl
 import json
+import os
 import queue
+import socket
+import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,11 +56,12 @@ from simplan.inference.batching import BatchingEngine
 from simplan.inference.engine import Engine
 from simplan.inference.faults import FaultConfig, FaultyEnv, wrap_faults
 from simplan.inference.suites import Suite, SuiteEntry, entry_tasks, load_suite
-from simplan.inference.trace import EpisodeTrace, append_trace, read_traces, summarize
+from simplan.inference.trace import EpisodeTrace, append_trace, episode_runs, summarize
 
 ARMS = ("reactive", "plan", "simplan")
 TRACES = "traces.jsonl"
 RESULTS = "results.jsonl"
+LOCK = "eval.lock"
 
 
 def _help(text: str) -> dict[str, str]:
@@ -186,7 +196,12 @@ def repair_tail(path: Path) -> str | None:
 
 
 def finished_traces(out: Path) -> tuple[dict[str, EpisodeTrace], list[str]]:
-    """Complete traces by episode id (first one wins), after repairing the files; returns (traces, notes)."""
+    """Complete traces by episode id, after repairing the files; returns (traces, notes).
+
+    traces.jsonl is left holding one finished run per episode (`episode_runs` picks it: the first
+    finished one); the lines of unfinished runs move to traces.jsonl.partial and those of extra
+    finished runs to traces.jsonl.duplicate, so no reader ever meets two runs of one episode.
+    """
     traces_path, notes = out / TRACES, []
     for p in (traces_path, out / RESULTS):
         note = repair_tail(p)
@@ -196,16 +211,28 @@ def finished_traces(out: Path) -> tuple[dict[str, EpisodeTrace], list[str]]:
         return {}, notes
     records, problems = read_jsonl_tolerant(traces_path)
     notes.extend(problems)
-    complete = {str(r.get("episode_id")) for r in records if r.get("type") == "end"}
-    partial = [r for r in records if str(r.get("episode_id")) not in complete]
-    if partial:
-        append_jsonl(out / (TRACES + ".partial"), partial)
-        write_jsonl(traces_path, [r for r in records if str(r.get("episode_id")) in complete])
-        notes.append(f"{traces_path}: {len(partial)} event(s) of unfinished episodes moved to {TRACES}.partial")
-    done: dict[str, EpisodeTrace] = {}
-    for t in read_traces(traces_path):
-        done.setdefault(t.episode_id, t)
-    return done, notes
+    kept, left_out = episode_runs(records)
+    complete = [run for run in kept if _finished(run)]
+    moved = {
+        ".partial": [r for run in [*kept, *left_out] if not _finished(run) for r in run],
+        ".duplicate": [r for run in left_out if _finished(run) for r in run],
+    }
+    if any(moved.values()):
+        for suffix, lines in moved.items():
+            append_jsonl(out / (TRACES + suffix), lines)
+        write_jsonl(traces_path, [r for run in complete for r in run])
+        what = {".partial": "unfinished episode runs", ".duplicate": "second finished runs of an episode"}
+        notes.extend(
+            f"{traces_path}: {len(lines)} event(s) of {what[suffix]} moved to {TRACES}{suffix}"
+            for suffix, lines in moved.items()
+            if lines
+        )
+    traces = [EpisodeTrace.from_dicts(run) for run in complete]
+    return {t.episode_id: t for t in traces}, notes
+
+
+def _finished(run: list[dict[str, Any]]) -> bool:
+    return run[-1].get("type") == "end"
 
 
 def sync_results(out: Path, done: dict[str, EpisodeTrace]) -> int:
@@ -229,6 +256,57 @@ def _identity(cfg: EvalConfig, suite: Suite, engine_info: dict[str, Any]) -> dic
         "arm_overrides": cfg.arm_overrides,
         "engine": {k: engine_info.get(k) for k in ("engine", "model", "adapters")},
     }
+
+
+class FolderLockedError(RuntimeError):
+    """Another process is writing the run folder."""
+
+
+@contextlib.contextmanager
+def lock_folder(out: Path) -> Iterator[None]:
+    """Hold `out/eval.lock` for the block; refuse at once (FolderLockedError) if another process holds it.
+
+    An flock belongs to the open file, so the OS releases it when the process exits, however it
+    dies: no stale lock to clean up by hand. The file keeps the holder's pid, host and start time
+    for the message; it is never deleted (deleting would let a third run lock a fresh file while a
+    second still holds the old one).
+    """
+    path = out / LOCK
+    with open(path, "a+", encoding="utf-8") as f:  # "a+": opening must not erase the holder's note
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            raise FolderLockedError(_locked_message(out, f.read())) from None
+        try:
+            f.seek(0)
+            f.truncate()
+            holder = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
+            f.write(json.dumps({**holder, "command": " ".join(sys.argv)}) + "\n")
+            f.flush()
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def check_unlocked(out: Path) -> None:
+    """Raise FolderLockedError if a run holds `out` now (a quick check before loading an engine for minutes)."""
+    if (out / LOCK).exists():
+        with lock_folder(out):
+            pass
+
+
+def _locked_message(out: Path, note: str) -> str:
+    try:
+        holder = json.loads(note)
+        who = f"pid {holder['pid']} on {holder['host']}, running since {holder['started']}: {holder['command']}"
+    except (json.JSONDecodeError, KeyError, TypeError):
+        who = "a process that has not written its details yet"
+    return (
+        f"{out} is in use by another evaluation ({who}); two runs on one folder would write every episode twice. "
+        f"Wait for it to finish (the lock in {out / LOCK} is released when that process exits, even if it "
+        "crashes), stop it, or use another --out"
+    )
 
 
 def check_identity(out: Path, identity: dict[str, Any]) -> None:
@@ -305,14 +383,24 @@ def evaluate(
     concurrency: int = 4,
     engine_info: dict[str, Any] | None = None,
 ) -> EvalOutcome:
-    """Run every episode of the suite not finished yet (module docstring); returns counts and paths."""
+    """Run every episode of the suite not finished yet (module docstring); returns counts and paths.
+
+    Raises FolderLockedError when another process is evaluating into the same folder.
+    """
     if concurrency < 1:
         raise ValueError(f"concurrency: must be >= 1, got {concurrency}")
     out = Path(cfg.out)
-    if cfg.fresh and out.exists():
-        for name in (TRACES, RESULTS, "eval_config.json", "run.json", TRACES + ".partial"):
-            (out / name).unlink(missing_ok=True)
     out.mkdir(parents=True, exist_ok=True)
+    with lock_folder(out):
+        return _evaluate_locked(cfg, out, engine, concurrency, engine_info)
+
+
+def _evaluate_locked(
+    cfg: EvalConfig, out: Path, engine: Engine, concurrency: int, engine_info: dict[str, Any] | None
+) -> EvalOutcome:
+    if cfg.fresh:
+        for name in (TRACES, RESULTS, "eval_config.json", "run.json", TRACES + ".partial", TRACES + ".duplicate"):
+            (out / name).unlink(missing_ok=True)
     engine_info = dict(engine_info or {})
     suite = resolve_suite(cfg)
     identity = _identity(cfg, suite, engine_info)

@@ -116,11 +116,19 @@ NOT_VALID_NOW = "not_valid_now"  # checked before acting, not by the monitor: se
 
 
 def _key(*parts: Any) -> str:
-    return hashlib.sha1(json.dumps(parts, ensure_ascii=False, sort_keys=True).encode()).hexdigest()[:16]
+    # surrogatepass: a lone surrogate in any text (the engine boundary removes them from model text)
+    # still hashes; every other text hashes to the same key as with a plain encode().
+    text = json.dumps(parts, ensure_ascii=False, sort_keys=True, default=repr)
+    return hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
 def _softmax(logprobs: list[float]) -> list[float]:
+    """Probabilities of logprobs; uniform when all are -inf (nothing to prefer), [] for none."""
+    if not logprobs:
+        return []
     m = max(logprobs)
+    if m == -math.inf:
+        return [1.0 / len(logprobs)] * len(logprobs)
     exps = [math.exp(x - m) for x in logprobs]
     z = sum(exps)
     return [e / z for e in exps]
@@ -316,6 +324,8 @@ class Planner:
         while True:
             if ep.steps >= b.max_steps:
                 return "budget_steps", False
+            if b.max_seconds and time.perf_counter() - ep.trace.t0 >= b.max_seconds:
+                return "budget_time", False
             fresh = not queue
             if fresh:
                 if b.token_budget and ep.meter.tokens >= b.token_budget:
@@ -564,7 +574,14 @@ class Planner:
         ep.trace.add(ParseFailureEvent(role=role, text=text, reason=reason, handled=handled), step=ep.steps)
 
     def _parse(self, text: str, allowed: list[str] | None) -> Action:
-        action = self.env.parse_action(text)
+        """Model text -> Action, or ActionParseError: an env parser that chokes on odd text (any ValueError,
+        TypeError, RecursionError, MemoryError) counts as a parse failure, never as an episode crash."""
+        try:
+            action = self.env.parse_action(text)
+        except ActionParseError:
+            raise
+        except (ValueError, TypeError, RecursionError, MemoryError) as e:
+            raise ActionParseError(f"the env's parser failed: {type(e).__name__}: {str(e)[:200]}") from None
         if allowed is not None and action.key() not in {action_key_of_text(self.env, a) for a in allowed}:
             raise ActionParseError(f"{render_action(action)!r} is not among the valid actions")
         return action

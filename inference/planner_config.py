@@ -78,6 +78,12 @@ class PlannerConfig:
         metadata=_help("when the replans are spent: react (act one decided step at a time) or stop the episode"),
     )
     token_budget: int = field(default=0, metadata=_help("model tokens (prompt + completion) per episode; 0 = none"))
+    # Generous on purpose: CPU evaluations measured 1,493 s per episode on average (bench/RESULTS.md, 12 episodes
+    # sharing one hf engine); the budget is there to end an episode stuck in a loop, not a slow one.
+    max_episode_seconds: float = field(
+        default=3600.0,
+        metadata=_help("wall-clock seconds per episode, checked between steps (status budget_time); 0 = none"),
+    )
     family_budgets: dict = field(
         default_factory=dict,
         metadata=_help("per task family overrides, e.g. {cookingworld: {max_steps: 80, horizon: 4}}"),
@@ -138,6 +144,7 @@ class PlannerConfig:
             ("max_replans", self.max_replans >= 0, ">= 0"),
             ("on_replan_budget", self.on_replan_budget in ON_REPLAN_BUDGET, f"one of {ON_REPLAN_BUDGET}"),
             ("token_budget", self.token_budget >= 0, ">= 0 (0 = no limit)"),
+            ("max_episode_seconds", self.max_episode_seconds >= 0, ">= 0 (0 = no limit)"),
             ("mismatch_threshold", 0.0 <= self.mismatch_threshold <= 1.0, "in [0, 1]"),
             ("repeat_limit", self.repeat_limit >= 2, ">= 2"),
             ("no_progress_steps", self.no_progress_steps >= 1, ">= 1"),
@@ -190,6 +197,7 @@ class Budgets:
     token_budget: int  # 0 = no limit
     horizon: int
     k: int
+    max_seconds: float = 0.0  # wall-clock seconds of the episode; 0 = no limit
 
 
 class Router:
@@ -200,7 +208,14 @@ class Router:
 
     def budgets(self, task: Task) -> Budgets:
         c = self.config
-        b = Budgets(c.max_steps, c.max_replans, c.token_budget, c.horizon, c.k)  # type: ignore[arg-type]
+        b = Budgets(
+            c.max_steps,
+            c.max_replans,
+            c.token_budget,
+            c.horizon,
+            c.k,
+            c.max_episode_seconds,  # type: ignore[arg-type]
+        )
         for key, value in c.family_budgets.get(task.family, {}).items():
             setattr(b, key, int(value))
         return b

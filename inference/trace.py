@@ -1,9 +1,10 @@
 """Episode traces: what the planning loop imagined, did and why it pivoted, one JSON line per event.
 
 Every episode of `simplan run` / `simplan eval` writes a trace. A trace is a sequence of events,
-each a JSON object on its own line, all carrying `type`, `episode_id`, `t` (seconds since the
-episode started) and `step` (real actions taken so far). Several episodes may share one file;
-`read_traces` groups lines by `episode_id`.
+each a JSON object on its own line, all carrying `type`, `episode_id`, `run_id` (one per run of the
+episode), `t` (seconds since the episode started) and `step` (real actions taken so far). Several
+episodes may share one file, and one episode may have been run more than once (a resumed or a
+repeated run); `read_traces` reads ONE run per episode (`episode_runs`), never a merge of two.
 
     type           what it records
     start          header: env, task, arm, resolved config, budgets, goal, first observation
@@ -36,6 +37,8 @@ import dataclasses
 import json
 import os
 import time
+import uuid
+import warnings
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
@@ -44,7 +47,7 @@ from typing import Any, ClassVar
 from simplan.data.io import append_jsonl, read_jsonl_tolerant, write_jsonl
 
 TRACE_VERSION = 1
-END_STATUSES = ("success", "failed", "budget_steps", "budget_replans", "budget_tokens", "errored")
+END_STATUSES = ("success", "failed", "budget_steps", "budget_replans", "budget_tokens", "budget_time", "errored")
 ACT_SOURCES = ("plan", "reactive", "fallback")
 SEVERITIES = ("warning", "error")
 
@@ -63,6 +66,7 @@ class TraceEvent:
 
     type: ClassVar[str] = ""
     episode_id: str = ""
+    run_id: str = ""  # tells apart two runs of one episode in one file ("" in files from before run ids)
     t: float = 0.0  # seconds since the episode started
     step: int = 0  # real actions taken so far
 
@@ -243,6 +247,7 @@ class EpisodeTrace:
     arm: str = ""
     config: dict[str, Any] = field(default_factory=dict)
     events: list[TraceEvent] = field(default_factory=list)
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     sink: Callable[[TraceEvent], None] | None = field(default=None, repr=False, compare=False)
     t0: float = field(default_factory=time.perf_counter, repr=False, compare=False)
 
@@ -274,8 +279,9 @@ class EpisodeTrace:
         return trace
 
     def add(self, event: TraceEvent, step: int | None = None) -> TraceEvent:
-        """Stamp the event (episode id, time; step if given) and append it."""
+        """Stamp the event (episode id, run id, time; step if given) and append it."""
         event.episode_id = self.episode_id
+        event.run_id = self.run_id
         event.t = round(time.perf_counter() - self.t0, 6)
         if step is not None:
             event.step = step
@@ -301,7 +307,7 @@ class EpisodeTrace:
         if not events:
             raise ValueError("an episode trace needs at least one event")
         head = next((e for e in events if isinstance(e, StartEvent)), None)
-        trace = EpisodeTrace(episode_id=events[0].episode_id, events=events)
+        trace = EpisodeTrace(episode_id=events[0].episode_id, events=events, run_id=events[0].run_id)
         if head is not None:
             trace.env, trace.task, trace.arm, trace.config = head.env, head.task, head.arm, head.config
         return trace
@@ -318,17 +324,65 @@ def write_traces(path: str | os.PathLike, traces: Iterable[EpisodeTrace]) -> int
 
 
 def read_traces(path: str | os.PathLike, strict: bool = False) -> list[EpisodeTrace]:
-    """Read a trace file; events are grouped by episode id in order of first appearance.
+    """Read a trace file: one run per episode (`episode_runs`), in order of the episodes' first lines.
 
-    A torn last line (crashed writer) is skipped; with `strict=True` it raises instead.
+    A torn last line (crashed writer) is skipped; with `strict=True` it raises instead. Runs left
+    out (a second finished run of an episode, an unfinished one superseded) are reported with a
+    warning, never merged into the run that is read.
     """
     records, problems = read_jsonl_tolerant(path)
     if problems and strict:
         raise ValueError("; ".join(problems))
-    groups: dict[str, list[dict[str, Any]]] = {}
+    kept, left_out = episode_runs(records)
+    if left_out:
+        episodes = len({str(run[0].get("episode_id", "")) for run in left_out})
+        warnings.warn(
+            f"{path}: {len(left_out)} extra run(s) of {episodes} episode(s) left out (one run per episode is read: "
+            "the first finished one, else the last started); two runs wrote to one file",
+            stacklevel=2,
+        )
+    return [EpisodeTrace.from_dicts(run) for run in kept]
+
+
+def episode_runs(records: Iterable[dict[str, Any]]) -> tuple[list[list[dict[str, Any]]], list[list[dict[str, Any]]]]:
+    """Split trace lines into runs and keep one per episode: (kept runs, runs left out).
+
+    A run is the lines of one (episode id, run id) from its start event to its end event (lines of
+    files older than run ids share the id "", so their runs are cut at each start event). Per
+    episode the FIRST FINISHED run is kept, as a resumed eval never re-runs a finished episode;
+    with none finished, the LAST STARTED run (a re-run replaces an interrupted one). Lines of a run
+    after its end event, or before any start, open a run of their own (no header), which a
+    finished run outranks. Kept runs come in order of their episodes' first lines.
+    """
+    order: dict[str, None] = {}
+    open_runs: dict[tuple[str, str], list[dict[str, Any]]] = {}  # by (episode id, run id), in start order
+    finished: dict[str, list[dict[str, Any]]] = {}
+    left_out: list[list[dict[str, Any]]] = []
     for r in records:
-        groups.setdefault(str(r.get("episode_id", "")), []).append(r)
-    return [EpisodeTrace.from_dicts(rs) for rs in groups.values()]
+        episode = str(r.get("episode_id", ""))
+        key = (episode, str(r.get("run_id", "")))
+        order.setdefault(episode)
+        if r.get("type") == "start" and key in open_runs:
+            left_out.append(open_runs.pop(key))  # a run id restarted: only files without run ids do this
+        if key not in open_runs:
+            open_runs[key] = []
+        open_runs[key].append(r)
+        if r.get("type") == "end":
+            run = open_runs.pop(key)
+            if episode in finished:
+                left_out.append(run)
+            else:
+                finished[episode] = run
+    unfinished: dict[str, list[dict[str, Any]]] = {}
+    for (episode, _), run in open_runs.items():
+        if episode in finished:
+            left_out.append(run)
+        else:
+            if episode in unfinished:
+                left_out.append(unfinished[episode])
+            unfinished[episode] = run  # a later start replaces an earlier unfinished run
+    kept = [finished.get(e) or unfinished[e] for e in order]
+    return kept, left_out
 
 
 # ---------------------------------------------------------------------------------------------

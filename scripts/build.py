@@ -4,16 +4,18 @@
         --out runs/datasets/twx-decider --model smollm2-135m-instruct
     simplan build --config recipes/build/twx-simulator.yaml --max-prompt-tokens 768
 
-Malformed input lines are reported as FILE:LINE and skipped (counted in stats.json). Exit status:
-0 when a dataset was written, 1 when no example survived, 2 on a bad input (missing file, a task
-in two folds). What each example holds is described in `simplan.data.build`.
+Input lines are checked as `simplan validate` checks them. A bad line stops the build with every
+problem reported as FILE:LINE, unless --keep_going true, which builds from the good lines and
+reports the bad ones (on stderr and in stats.json). Exit status: 0 when a dataset was written, 1
+when no example survived, 2 on a bad input (missing file, bad lines without --keep_going, a task in
+two folds). What each example holds is described in `simplan.data.build`.
 """
 
 from __future__ import annotations
 
 import sys
 
-from simplan.data.build import BuildConfig, FoldLeakError, build, stats_markdown
+from simplan.data.build import BuildConfig, FoldLeakError, MalformedInputError, build, stats_markdown
 from simplan.scripts.config import parse_config
 
 MAX_PRINTED_PROBLEMS = 20
@@ -23,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     (cfg,) = parse_config([BuildConfig], argv, description=__doc__.split("\n")[0], prog="simplan build")
     try:
         result = build(cfg)
-    except (FileNotFoundError, FoldLeakError) as e:
+    except (FileNotFoundError, FoldLeakError, MalformedInputError) as e:
         print(f"simplan build: {e}", file=sys.stderr)
         return 2
     stats = result.stats
@@ -32,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
         print(line, file=sys.stderr)
     if stats["malformed_lines"] > len(problems[:MAX_PRINTED_PROBLEMS]):
         print(
-            f"... {stats['malformed_lines']} malformed line(s) in all, skipped; see {result.paths['stats']}",
+            f"... {stats['malformed_lines']} bad line(s) in all, skipped (--keep_going); see {result.paths['stats']}",
             file=sys.stderr,
         )
     print(stats_markdown(stats))

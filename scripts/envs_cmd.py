@@ -42,9 +42,10 @@ def _describe(name: str) -> tuple[str, str]:
     except Exception as e:  # a missing optional package should not hide the other envs
         return f"(unavailable: {e})", ""
     try:
-        module_doc = sys.modules[type(env).__module__].__doc__ or ""
-        lines = (getattr(env, "description", "") or type(env).__doc__ or module_doc).strip().splitlines()
-        doc = lines[0] if lines else type(env).__name__
+        adapter = getattr(env, "unwrapped", env)  # the adapter's own docs, not those of make_env's limits wrapper
+        module_doc = sys.modules[type(adapter).__module__].__doc__ or ""
+        lines = (getattr(env, "description", "") or type(adapter).__doc__ or module_doc).strip().splitlines()
+        doc = lines[0] if lines else type(adapter).__name__
         families: Any = getattr(env, "families", None)
         fams = ", ".join(families) if isinstance(families, list | tuple) else ""
         return doc, fams

@@ -11,16 +11,18 @@ at once (their model calls are merged into batched engine calls; with --engine o
 the requests in flight). Re-running the same command resumes; an episode is never counted twice.
 Suites: recipes/suites/*.yaml. How it works: `simplan.inference.evaluate`. Then: `simplan report
 OUT`. Exit status: 0 when every planned episode finished (errored ones are recorded, and counted as
-failures), 2 on a bad configuration.
+failures), 2 on a bad configuration or an --out that another `simplan eval` is writing (one run per
+folder at a time: OUT/eval.lock).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 from simplan.inference.engines import EngineConfig, engine_from_config
-from simplan.inference.evaluate import EvalConfig, evaluate
+from simplan.inference.evaluate import EvalConfig, FolderLockedError, check_unlocked, evaluate
 from simplan.inference.report import arms_table, load_run_data
 from simplan.scripts.config import parse_config
 
@@ -30,11 +32,16 @@ def main(argv: list[str] | None = None) -> int:
         [EvalConfig, EngineConfig], argv, description=__doc__.split("\n")[0], prog="simplan eval"
     )
     engine_info = {"engine": engine_cfg.engine, "model": engine_cfg.model, "adapters": engine_cfg.adapters}
+    try:
+        check_unlocked(Path(eval_cfg.out))  # before minutes of engine loading; evaluate() holds the lock
+    except FolderLockedError as e:
+        print(f"simplan eval: {e}", file=sys.stderr)
+        return 2
     print(f"eval: loading engine {engine_cfg.engine} {engine_cfg.model} {engine_cfg.adapters}", flush=True)
     engine = engine_from_config(engine_cfg)
     try:
         outcome = evaluate(eval_cfg, engine, concurrency=engine_cfg.concurrency, engine_info=engine_info)
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError, FolderLockedError) as e:
         print(f"simplan eval: {e}", file=sys.stderr)
         return 2
     finally:

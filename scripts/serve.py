@@ -4,7 +4,9 @@
     simplan serve --config recipes/serve.yaml --port 8001 --api-key KEY
 
 Prints the URL once /health answers, and stops the server cleanly on Ctrl-C or SIGTERM. Clients:
-`make_engine("openai", MODEL, ["decider", "simulator"], base_url=URL)` (inference/engines).
+`make_engine("openai", MODEL, ["decider", "simulator"], base_url=URL, api_key=KEY)` (inference/engines).
+With --api-key (or $SIMPLAN_API_KEY) every endpoint, /health included, needs `Authorization: Bearer
+KEY`; a --host beyond loopback (e.g. 0.0.0.0) without a key is refused unless --insecure true.
 """
 
 from __future__ import annotations

@@ -3,9 +3,11 @@
     simplan validate runs/data/twx-train.jsonl
     simplan validate runs/data/*.jsonl --keep-going --out runs/data/good.jsonl --rejects runs/data/bad.jsonl
 
-Each bad line is reported as `FILE:LINE: field: problem`; the exit status is 1 if any line is bad
-(also with --keep-going, which additionally writes good lines to --out and bad ones to --rejects;
-defaults: X.good.jsonl and X.rejects.jsonl next to the first file), 2 for a usage error.
+Each bad line is reported as `FILE:LINE: field: problem` (bytes that are not UTF-8, torn JSON, a
+schema problem, an id used before); `simplan build` checks lines the same way. The exit status is
+1 if any line is bad (also with --keep-going, which additionally writes good lines to --out and bad
+ones to --rejects, byte for byte; defaults: X.good.jsonl and X.rejects.jsonl next to the first
+file), 2 for a usage error.
 """
 
 from __future__ import annotations

@@ -1,11 +1,41 @@
-"""Shared test fixtures. Tests run on the CPU in seconds; slow ones carry the `slow` marker."""
+"""Shared test fixtures. Tests run on the CPU in seconds; slow ones carry the `slow` marker.
+
+Servers started by tests (inference/serve.py `start_server`) run in their own process group, so a
+killed pytest would leave them running: SIGTERM and SIGHUP are turned into KeyboardInterrupt (the
+test's `with start_server(...)` then stops its server, as on Ctrl-C), and every server still
+running when pytest finishes is stopped.
+"""
 
 from __future__ import annotations
 
 import os
+import signal
+import sys
+
+import pytest
 
 # Tests must not oversubscribe the 2 cores (torch + JVM + vLLM workers spin threads).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+INTERRUPT_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+_previous_handlers: dict[signal.Signals, object] = {}
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for sig in INTERRUPT_SIGNALS:
+        _previous_handlers[sig] = signal.signal(sig, _interrupt)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    serve = sys.modules.get("simplan.inference.serve")  # imported only if some test started a server
+    if serve is not None:
+        serve.stop_all_servers()
+    for sig, handler in _previous_handlers.items():
+        signal.signal(sig, handler)

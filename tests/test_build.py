@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from simplan.data import format as fmt
-from simplan.data.build import BuildConfig, FoldLeakError, build
+from simplan.data.build import BuildConfig, FoldLeakError, MalformedInputError, build
 from simplan.data.io import write_jsonl
 from simplan.data.trajectory import Step, Trajectory
 from simplan.envs.base import Action, Task
@@ -255,9 +255,13 @@ def test_jsonl_export_and_malformed_lines_are_reported_and_skipped(tmp_path, tok
     broken = json.loads(lines[0])
     del broken["steps"][0]["action"]
     src.write_text("\n".join([lines[0], "{not json", json.dumps(broken), lines[1]]) + "\n")
-    res = build(_cfg(tmp_path, [src], model_dir, role="decider"), tokenizer=tokenizer)
+    # Bad lines stop the build (nothing written) unless keep_going.
+    with pytest.raises(MalformedInputError, match=rf"(?s)2 bad input line.*{src}:2: .*{src}:3: .*--keep_going true"):
+        build(_cfg(tmp_path, [src], model_dir, role="decider"), tokenizer=tokenizer)
+    assert not (tmp_path / "out").exists()
+    res = build(_cfg(tmp_path, [src], model_dir, role="decider", keep_going=True), tokenizer=tokenizer)
     assert res.stats["malformed_lines"] == 2
-    assert res.stats["problems"][0].startswith(f"{src}:2: not valid JSON")
+    assert res.stats["problems"][0].startswith(f"{src}:2: (json): not valid JSON")
     assert res.stats["problems"][1] == f"{src}:3: steps[0].action: missing"
     rows = [json.loads(line) for line in Path(res.paths["train"]).read_text().splitlines()]
     assert len(rows) == res.stats["examples"]["total"] > 0
@@ -272,10 +276,13 @@ def test_jsonl_export_and_malformed_lines_are_reported_and_skipped(tmp_path, tok
     out = tmp_path / "cli"
     recipe = tmp_path / "sim.yaml"
     recipe.write_text(f"role: simulator\ninputs: [{src}]\nmodel: {model_dir}\nmax_prompt_tokens: 900\n")
-    rc = main(["--config", str(recipe), "--out", str(out), "--progress", "false", "--max-prompt-tokens", "800"])
+    flags = ["--config", str(recipe), "--out", str(out), "--progress", "false", "--max-prompt-tokens", "800"]
+    assert main(flags) == 2 and not out.exists()
+    assert f"{src}:2: (json): not valid JSON" in capsys.readouterr().err
+    rc = main([*flags, "--keep-going"])
     printed = capsys.readouterr()
     assert rc == 0
-    assert f"{src}:2: not valid JSON" in printed.err
+    assert f"{src}:2: (json): not valid JSON" in printed.err
     assert str(out / "dataset") in printed.out and "simulator dataset" in printed.out
     stats = json.loads((out / "stats.json").read_text())
     assert stats["role"] == "simulator" and stats["budget"]["max_prompt_tokens"] == 800  # flags beat the recipe
@@ -290,3 +297,91 @@ def test_config_validation_names_the_field():
         BuildConfig(out="o")
     assert BuildConfig(role="simulator", inputs=["a"], out="o").max_completion_tokens == 384
     assert BuildConfig(inputs=["a"], out="o").sources == ["expert", "recovery"]
+
+
+# ---------------------------------------------------------------------------------------------
+# validate and build agree: each corruption is named at its FILE:LINE by both; good lines survive.
+# ---------------------------------------------------------------------------------------------
+def _edit(fn):
+    def corrupt(raw: bytes, first: bytes) -> bytes:
+        rec = json.loads(raw)
+        fn(rec)
+        return json.dumps(rec).encode() + b"\n"
+
+    return corrupt
+
+
+def _set_action(rec, **fields):
+    rec["steps"][0]["action"] = {**rec["steps"][0]["action"], **fields}
+
+
+CORRUPTIONS = {
+    "non_utf8_byte": (
+        lambda raw, first: raw.replace(b'"goal": "', b'"goal": "\xff', 1),
+        "(encoding): not UTF-8 at byte",
+    ),
+    "torn_json": (lambda raw, first: raw[: len(raw) // 2] + b"\n", "(json): not valid JSON"),
+    "deep_nesting": (lambda raw, first: b"[" * 100_000 + b"\n", "(json): not readable (RecursionError"),
+    "int_action_text": (_edit(lambda r: _set_action(r, text=7)), "steps[0].action.text: expected a string or null"),
+    "argument_list": (
+        _edit(lambda r: _set_action(r, kind="tool_call", name="go", arguments=["east"])),
+        "steps[0].action.arguments: expected an object",
+    ),
+    "nan_score": (_edit(lambda r: r["steps"][0].update(score=float("nan"))), "steps[0].score: nan is not a finite"),
+    "inf_final_score": (_edit(lambda r: r.update(final_score=float("inf"))), "final_score: inf is not a finite"),
+    "lone_surrogate": (_edit(lambda r: r.update(goal="\udc80")), "goal: not valid Unicode"),
+    "unknown_step_field": (_edit(lambda r: r["steps"][0].update(mood="good")), "steps[0].mood: not a step field"),
+    "same_id_other_content": (
+        lambda raw, first: json.dumps({**json.loads(first), "final_score": 0.25}).encode() + b"\n",
+        "with different content",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CORRUPTIONS))
+def test_validate_and_build_name_each_corruption_at_its_line(name, tmp_path, tokenizer, model_dir):
+    from simplan.data.validate import validate_file
+
+    corrupt, expected = CORRUPTIONS[name]
+    src = tmp_path / "toy.jsonl"
+    trajs = write_toy(src, {"train": 3}, noisy=False)
+    lines = src.read_bytes().splitlines(keepends=True)
+    lines[1] = corrupt(lines[1], lines[0])
+    src.write_bytes(b"".join(lines))
+    where = f"{src}:2: "
+
+    report = validate_file(src, keep_going=True)
+    assert report.bad_lines == [where[:-2]] and report.good == 2
+    assert any(p.startswith(where) and expected in p for p in report.problems), report.problems
+    if name == "same_id_other_content":  # both places are named
+        assert f"(first at {src}:1)" in report.problems[0]
+    assert Path(report.rejects_path).read_bytes() == lines[1]  # byte for byte, bad bytes included
+    assert Path(report.out_path).read_bytes() == lines[0] + lines[2]
+
+    with pytest.raises(MalformedInputError) as refused:
+        build(_cfg(tmp_path, [src], model_dir), tokenizer=tokenizer)
+    assert any(line.startswith(where) and expected in line for line in str(refused.value).splitlines())
+    res = build(_cfg(tmp_path, [src], model_dir, keep_going=True), tokenizer=tokenizer)
+    assert res.stats["malformed_lines"] == 1
+    assert any(p.startswith(where) and expected in p for p in res.stats["problems"]), res.stats["problems"]
+    used = sorted({r["trajectory_id"] for r in _rows(res)})
+    assert used == [trajs[0].id, trajs[2].id]  # line 2 is out, whatever its corruption, and its neighbours in
+
+
+def _rows(res) -> list[dict]:
+    from datasets import load_from_disk
+
+    return list(load_from_disk(res.paths["dataset"])["train"])
+
+
+def test_the_same_record_twice_is_counted_not_refused(tmp_path, tokenizer, model_dir):
+    from simplan.data.validate import validate_file
+
+    src = tmp_path / "toy.jsonl"
+    write_toy(src, {"train": 2}, noisy=False)
+    lines = src.read_text().splitlines(keepends=True)
+    src.write_text("".join(lines) + json.dumps(json.loads(lines[0]), indent=None, separators=(",", ":")) + "\n")
+    res = build(_cfg(tmp_path, [src], model_dir), tokenizer=tokenizer)  # no keep_going needed
+    assert res.stats["malformed_lines"] == 0 and res.stats["skipped"]["duplicate_trajectory_id"] == 1
+    report = validate_file(src)  # validate still names it, so a --keep-going split holds each episode once
+    assert report.bad_lines == [f"{src}:3"] and f"(first at {src}:1, the same record)" in report.problems[0]

@@ -284,9 +284,28 @@ def test_serve_openai_backend_matches_hf(tiny, hf, tmp_path):
         (c,) = engine.generate([GenerationRequest(adapter="decider", messages=PROMPTS[0], choices=CHOICES)])
         assert c.completions[0].text in CHOICES
         engine.close()
+        # vLLM's own key check leaves these open; ours (inference/serve_auth.py) guards every path.
+        body = {"model": base, "prompt": "Hello"}
+        for method, path in (("POST", "/invocations"), ("POST", "/tokenize"), ("GET", "/metrics"), ("GET", "/health")):
+            assert _http_status(method, f"{server.url}{path}", body) == 401, path
+        assert _http_status("POST", f"{server.url}/tokenize", body, key="test-key") == 200
         proc = server.process
     assert proc.poll() is not None, "server still running after the context manager exited"
     assert not _pid_alive(proc.pid)
+
+
+def _http_status(method: str, url: str, body: dict, key: str | None = None) -> int:
+    import json
+    import urllib.error
+    import urllib.request
+
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    data = json.dumps(body).encode() if method == "POST" else None
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, data, headers, method=method), timeout=30) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
 
 
 def _free_port() -> int:

@@ -5,6 +5,8 @@ Run: .venv/bin/pytest -q tests/test_envs_bfcl.py   (add `-m slow` for the replay
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 pytest.importorskip("bfcl_eval")
@@ -225,17 +227,26 @@ def test_tool_schemas_are_json_schema(env):
     compact.close()
 
 
-def test_backend_instances_are_cleaned_up(env):
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_backend_instances_live_in_one_worker_process_per_episode(env):
     task = env.tasks("train", families=["multi_turn_miss_param"], limit=1)[0]
-    names = []
+    pids = []
     for _ in range(3):
-        _replay(env, task)
-        names.append(env._model_name)
-        assert _instances_of(env._model_name)  # live + ground-truth instances exist during the episode
-    assert len(set(names)) == 3  # a fresh model name per reset
-    assert not any(_instances_of(n) for n in names[:-1])  # earlier episodes' instances are gone
+        assert _replay(env, task)[-1].won  # the checkers ran in the worker, against its instances
+        pids.append(env._worker._process.pid)
+        assert _running(pids[-1])
+        assert not _instances_of(env._model_name)  # bfcl's instances never enter this process
+    assert len(set(pids)) == 3  # a fresh worker per reset ...
+    assert not any(_running(p) for p in pids[:-1])  # ... and the earlier ones are gone
     env.close()
-    assert not _instances_of(names[-1])
+    assert not _running(pids[-1])
 
 
 @pytest.mark.slow

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import warnings
 
 import pytest
 
 from simplan.inference.batching import BatchingEngine
 from simplan.inference.engine import GenerationRequest, ScoreRequest
-from simplan.inference.evaluate import RESULTS, TRACES, EvalConfig, evaluate
+from simplan.inference.evaluate import RESULTS, TRACES, EvalConfig, FolderLockedError, evaluate, lock_folder
 from simplan.inference.metrics import aggregate, load_run
 from simplan.inference.scripted import ScriptedEngine
-from simplan.inference.trace import read_traces
+from simplan.inference.trace import read_traces, summarize
 
 PREFERENCE = ("open door", "take key", "go east")
 
@@ -132,3 +136,85 @@ def test_an_episode_setup_error_stops_the_eval(tmp_path) -> None:
     with pytest.raises(ValueError, match="no adapter 'missing'"):
         evaluate(cfg, greedy_engine(), concurrency=3)
     assert not (tmp_path / "run" / RESULTS).exists()
+
+
+# --------------------------------------------------------------------------------- one run per folder
+def test_a_second_run_on_a_locked_folder_refuses(tmp_path, capsys) -> None:
+    from simplan.scripts.eval import main as eval_main
+
+    cfg = _cfg(tmp_path, limit=1)
+    out = tmp_path / "run"
+    out.mkdir()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", LOCK_HOLDER, str(out)], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        held_by = rf"in use by another evaluation \(pid {holder.pid} .*another --out"
+        with pytest.raises(FolderLockedError, match=held_by):
+            evaluate(cfg, greedy_engine(), concurrency=1)
+        assert not (out / TRACES).exists()
+        # The command refuses before loading an engine (which takes minutes with a real model).
+        assert eval_main(["--suite", "toy-dev", "--out", str(out), "--engine", "openai"]) == 2
+        assert f"pid {holder.pid}" in capsys.readouterr().err
+    finally:
+        holder.kill()  # SIGKILL: no clean-up runs, the OS drops the lock
+        holder.wait()
+    assert evaluate(cfg, greedy_engine(), concurrency=1).ran == 1  # no stale lock after a crash
+    with lock_folder(out), pytest.raises(FolderLockedError, match=f"pid {os.getpid()}"):
+        evaluate(cfg, greedy_engine(), concurrency=1)  # one process, two runs: refused too
+
+
+LOCK_HOLDER = """
+import sys, time
+from pathlib import Path
+from simplan.inference.evaluate import lock_folder
+
+with lock_folder(Path(sys.argv[1])):
+    print("locked", flush=True)
+    time.sleep(60)
+"""
+
+
+def _one_episode_lines(tmp_path, name: str) -> list[dict]:
+    """The trace lines of one real toy episode, run into its own folder (a fresh run id each time)."""
+    out = evaluate(_cfg(tmp_path, out=str(tmp_path / name), arms=["reactive"], limit=1), greedy_engine()).out
+    return [json.loads(line) for line in (out / TRACES).read_text().splitlines()]
+
+
+def test_two_runs_of_one_episode_are_never_merged(tmp_path) -> None:
+    a, b = _one_episode_lines(tmp_path, "a"), _one_episode_lines(tmp_path, "b")
+    steps = sum(r["type"] == "act" for r in a)
+    assert steps >= 2 and a[0]["episode_id"] == b[0]["episode_id"] and a[0]["run_id"] != b[0]["run_id"]
+
+    def read(lines: list[dict]) -> list:
+        path = tmp_path / f"{len(list(tmp_path.glob('t*.jsonl')))}t.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            traces = read_traces(path)
+        return [(t.run_id, summarize(t).steps, summarize(t).status) for t in traces], len(caught)
+
+    interleaved = [r for pair in zip(a, b) for r in pair]
+    assert read(interleaved) == ([(a[0]["run_id"], steps, "success")], 1)  # the first finished run, a warning
+    assert read(b[:-1] + a) == ([(a[0]["run_id"], steps, "success")], 1)  # finished outranks unfinished
+    assert read(a[:-1] + b[:-1]) == ([(b[0]["run_id"], steps, "incomplete")], 1)  # the later start replaces
+    legacy = [{k: v for k, v in r.items() if k != "run_id"} for r in a + b]  # files from before run ids
+    assert read(legacy) == ([("", steps, "success")], 1)
+    assert read(a) == ([(a[0]["run_id"], steps, "success")], 0)
+
+
+def test_resume_moves_a_second_finished_run_aside(tmp_path) -> None:
+    """A traces.jsonl written by two runs at once (before the lock): resumed, every episode counts once."""
+    cfg = _cfg(tmp_path, arms=["reactive"], episodes=2)
+    first = evaluate(cfg, greedy_engine())
+    lines = (first.out / TRACES).read_text().splitlines()
+    other = evaluate(_cfg(tmp_path, arms=["reactive"], episodes=2, out=str(tmp_path / "other")), greedy_engine())
+    with open(first.out / TRACES, "a") as f:  # the other run's episodes, same ids, appended
+        f.write((other.out / TRACES).read_text())
+    again = evaluate(cfg, greedy_engine())
+    assert again.ran == 0 and again.skipped == 2
+    assert (first.out / TRACES).read_text().splitlines() == lines
+    assert len((first.out / (TRACES + ".duplicate")).read_text().splitlines()) == len(lines)
+    (m,) = aggregate(load_run(first.out))
+    assert m.episodes == 2 and m.mean_steps == sum(json.loads(x)["type"] == "act" for x in lines) / 2

@@ -9,6 +9,7 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ from simplan.training.trainer import (  # noqa: E402
     IGNORE_INDEX,
     PackingCollator,
     PaddingCollator,
+    _last_checkpoint,
     completion_loss,
     tokenize_dataset,
     tokenize_example,
@@ -478,3 +480,43 @@ def test_two_process_ddp_matches_one_process(tiny: Path, tmp_path: Path) -> None
     assert want.keys() == got.keys()
     for k in want:
         assert torch.allclose(got[k], want[k], atol=1e-5), k
+
+
+def _logged_steps(out: Path) -> tuple[list[int], list[int]]:
+    """(steps of the loss records, steps of the end-of-run summaries) in metrics.jsonl."""
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [r["step"] for r in records if "loss" in r], [r["step"] for r in records if "train_runtime" in r]
+
+
+def test_resume_skips_a_torn_checkpoint_and_logs_no_step_twice(
+    tiny: Path, dataset_dir: Path, tmp_path: Path, capsys
+) -> None:
+    out = tmp_path / "run"
+    args = _args(tiny, dataset_dir, out, max_steps=4, save_steps=2, eval_steps=0)
+    train(*args)
+    # A save cut short: only the adapter files of checkpoint-4 reached the disk; metrics.jsonl has steps
+    # 3-4 (logged after checkpoint-2) and a torn last line.
+    for f in (out / "checkpoint-4").iterdir():
+        if not f.name.startswith("adapter_"):
+            f.unlink()
+    with (out / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 5, "lo')
+    capsys.readouterr()
+    again = train(*args)
+    err = capsys.readouterr().err
+    assert "checkpoint-4 is incomplete (no trainer_state.json): resuming from checkpoint-2" in err
+    assert again.metrics["resumed_from"] == str(out / "checkpoint-2") and again.metrics["global_step"] == 4
+    assert _logged_steps(out) == ([1, 2, 3, 4], [4])  # each step once; the first run's summary went with its steps
+    assert _last_checkpoint(out) == str(out / "checkpoint-4")  # written whole this time
+
+
+def test_a_copied_run_folder_resumes(tiny: Path, dataset_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    train(*_args(tiny, dataset_dir, out, max_steps=2, save_steps=2, eval_steps=0))
+    copy = tmp_path / "elsewhere" / "run-copy"
+    shutil.copytree(out, copy)
+    shutil.rmtree(out)  # nothing in the copy may point back at the original
+    result = train(*_args(tiny, dataset_dir, copy, max_steps=4, save_steps=2, eval_steps=0))
+    assert result.metrics["resumed_from"] == str(copy / "checkpoint-2") and result.metrics["global_step"] == 4
+    assert _logged_steps(copy) == ([1, 2, 3, 4], [2, 4])
+    assert not out.exists()

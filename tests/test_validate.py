@@ -1,4 +1,4 @@
-"""`simplan validate`: FILE:LINE problems, non-zero exit, duplicate ids, keep-going split."""
+"""`simplan validate`: FILE:LINE problems (bad bytes too), non-zero exit, duplicate ids, keep-going split."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import json
 import pytest
 
 from simplan.data.collect import CollectConfig, collect
+from simplan.data.io import JsonlLineError, iter_jsonl, read_jsonl_tolerant
 from simplan.data.validate import validate_file, validate_files
 from simplan.scripts import validate as validate_script
 
@@ -89,3 +90,33 @@ def test_keep_going_splits_good_and_bad_losing_nothing(good_file, tmp_path):
 def test_missing_file_is_a_usage_error(tmp_path, capsys):
     assert validate_script.main([str(tmp_path / "nope.jsonl")]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_bad_bytes_spoil_only_their_line(good_file, capsys):
+    lines = good_file.read_bytes().splitlines(keepends=True)
+    at = lines[3].index(b'"goal"')
+    lines[3] = lines[3][:at] + b"\xc3\x28" + lines[3][at:]  # a UTF-8 lead byte with no continuation
+    good_file.write_bytes(b"".join(lines))
+    assert validate_script.main([str(good_file)]) == 1
+    err = capsys.readouterr().err
+    assert f"{good_file}:4: (encoding): not UTF-8 at byte {at + 1} (0xc3)" in err
+    assert "INVALID: 10 lines in 1 file(s), 9 good, 1 bad" in err
+    # The shared readers go on past the line too; the strict one names it instead of a bare UnicodeDecodeError.
+    records, problems = read_jsonl_tolerant(good_file)
+    assert len(records) == 9 and problems == [
+        f"{good_file}:4: not UTF-8 at byte {at + 1} (0xc3); save the file as UTF-8"
+    ]
+    with pytest.raises(JsonlLineError, match=rf"^{good_file}:4: not UTF-8"):
+        list(iter_jsonl(good_file))
+
+
+def test_same_id_with_different_content_names_both_lines(good_file):
+    lines = good_file.read_text().splitlines(keepends=True)
+    changed = {**json.loads(lines[0]), "final_score": 0.5}
+    good_file.write_text("".join(lines) + json.dumps(changed) + "\n")
+    report = validate_file(good_file)
+    assert report.bad_lines == [f"{good_file}:11"]
+    assert report.problems == [
+        f"{good_file}:11: id: duplicate episode id {changed['id']!r} (first at {good_file}:1) with different "
+        "content; drop one line or give it a new id"
+    ]

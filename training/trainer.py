@@ -20,8 +20,10 @@ What happens, in order:
 3. The loss is computed at completion positions only: the LM head (49k words for SmolLM2) runs on
    the positions that carry a label, via the model's own `logits_to_keep`, which on the CPU is the
    largest single saving (see ../shared/PLATFORM.md). The loss is identical to the full one.
-4. Checkpoints every `save_steps`; rerunning the same command resumes from the last one. Logs go to
-   output_dir/metrics.jsonl (and TensorBoard when installed). At the end: output_dir/adapter (a
+4. Checkpoints every `save_steps`; rerunning the same command resumes from the last complete one
+   (one whose save was cut short is skipped, and said so), in the same folder or in a copy of it.
+   Logs go to output_dir/metrics.jsonl (and TensorBoard when installed); on resume the lines logged
+   after the checkpoint are dropped, so no step is there twice. At the end: output_dir/adapter (a
    PEFT adapter folder that peft and vLLM's LoRARequest load, with the tokenizer), config.yaml (the
    resolved config) and metrics.json.
 """
@@ -32,6 +34,7 @@ import inspect
 import json
 import math
 import os
+import re
 import sys
 import time
 from dataclasses import dataclass
@@ -44,7 +47,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments, set_seed
 
 from simplan.data.episode import PromptSettings, read_settings, write_settings
 from simplan.data.format import completion_text, eos_ends_assistant_turn, prompt_text
-from simplan.data.io import append_jsonl, atomic_dir, write_json, write_text
+from simplan.data.io import append_jsonl, atomic_dir, atomic_open, iter_jsonl_lines, write_json, write_text
 from simplan.training.config import DataArguments, LoraArguments, ModelArguments, TrainArguments
 from simplan.training.models import load_tokenizer, resolve_model
 
@@ -428,10 +431,77 @@ def load_splits(data_args: DataArguments) -> tuple[Any, Any | None]:
     return train, dev
 
 
-def _last_checkpoint(output_dir: Path) -> str | None:
-    from transformers.trainer_utils import get_last_checkpoint
+# What `Trainer._save_checkpoint` writes, in this order: the weights (a PEFT adapter, or a whole model
+# when not LoRA), optimizer and scheduler, RNG state, and trainer_state.json last. A save cut short
+# (a killed job, a full disk) leaves a prefix of these; resuming from it fails on every rerun.
+CHECKPOINT_WEIGHTS = (
+    "adapter_model.safetensors",
+    "adapter_model.bin",
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+)
+CHECKPOINT_NAME = re.compile(r"checkpoint-(\d+)")
+CHECKPOINT_STATE = (("trainer_state.json",), ("optimizer.pt", "optimizer.bin"), ("scheduler.pt",), CHECKPOINT_WEIGHTS)
 
-    return get_last_checkpoint(str(output_dir)) if output_dir.is_dir() else None
+
+def checkpoint_problem(folder: Path) -> str | None:
+    """Why `folder` (a `checkpoint-N`) cannot be resumed from, or None when it is complete."""
+    for names in CHECKPOINT_STATE:
+        if not any((folder / name).is_file() and (folder / name).stat().st_size > 0 for name in names):
+            return f"no {' or '.join(names)}"
+    try:
+        step = json.loads((folder / "trainer_state.json").read_text(encoding="utf-8"))["global_step"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"trainer_state.json unreadable ({type(e).__name__})"
+    if f"checkpoint-{step}" != folder.name:
+        return f"trainer_state.json is at step {step}"
+    return None
+
+
+def _last_checkpoint(output_dir: Path) -> str | None:
+    """The highest-numbered complete checkpoint in `output_dir`; incomplete ones are skipped, and said so."""
+    if not output_dir.is_dir():
+        return None
+    numbered = [(int(m.group(1)), d) for d in output_dir.iterdir() if (m := CHECKPOINT_NAME.fullmatch(d.name))]
+    skipped: list[str] = []
+    found = None
+    for _, folder in sorted(numbered, reverse=True):
+        problem = checkpoint_problem(folder) if folder.is_dir() else "not a folder"
+        if problem is None:
+            found = folder
+            break
+        skipped.append(f"{folder.name} is incomplete ({problem})")
+    if skipped:
+        then = f"resuming from {found.name}" if found else "no complete checkpoint: starting over"
+        print(f"train: {'; '.join(skipped)}: {then}", file=sys.stderr, flush=True)
+    return str(found) if found else None
+
+
+def trim_metrics(path: Path, global_step: int) -> int:
+    """Drop the records of `path` logged after `global_step` (rewritten atomically); returns how many.
+
+    A run resumed from checkpoint-N trains and logs steps N+1... again: without this the steps an
+    interrupted run logged after its last checkpoint would appear twice. A line that does not read
+    (a torn last line) is dropped too; a record with no step is kept."""
+    if not path.exists():
+        return 0
+    kept: list[bytes] = []
+    dropped = 0
+    for line in iter_jsonl_lines(path):
+        try:
+            record = json.loads(line.text) if line.text is not None else None
+        except ValueError:
+            record = None
+        step = record.get("step") if isinstance(record, dict) else None
+        if record is None or (isinstance(step, int) and step > global_step):
+            dropped += 1
+        else:
+            kept.append(line.raw if line.raw.endswith(b"\n") else line.raw + b"\n")
+    if dropped:
+        with atomic_open(path, "wb") as f:
+            f.writelines(kept)
+    return dropped
 
 
 # Keys that may change between an interrupted run and its resumption without changing what is trained.
@@ -448,6 +518,7 @@ RESUMABLE_CHANGES = frozenset(
         "dataloader_num_workers",
         "report_to",
         "resume",
+        "output_dir",  # a copied or renamed run folder resumes where it is now
     }
 )
 
@@ -600,6 +671,10 @@ def train(
     )
     if checkpoint:
         print(f"train: resuming from {checkpoint}", flush=True)
+    if trainer.is_world_process_zero():  # steps after the starting point are logged again, so not kept twice
+        start_step = int(Path(checkpoint).name.split("-")[-1]) if checkpoint else 0
+        if dropped := trim_metrics(out / "metrics.jsonl", start_step):
+            print(f"train: dropped {dropped} metrics.jsonl line(s) logged after step {start_step}", flush=True)
     started = time.perf_counter()
     result = trainer.train(resume_from_checkpoint=checkpoint)
     seconds = time.perf_counter() - started
