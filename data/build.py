@@ -38,7 +38,7 @@ import json
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -483,6 +483,17 @@ def conversation_rows(
     for traj in tqdm(trajectories, desc=f"build {cfg.role}: windows", unit="episode", disable=not cfg.progress):
         state = EpisodeState.from_trajectory(traj, learn)
         pending += [(traj, state, ex) for ex in renderer.examples(state, cfg.role)]
+    dedup: Counter = Counter()
+    if cfg.dedupe:  # a turn trained before with the same context (a branch's shared prefix) is context here
+        seen: set[bytes] = set()
+        kept = []
+        for traj, state, ex in pending:
+            ex = _dedupe_turns(ex, traj.task.fold, seen)
+            if any(ex.weights):
+                kept.append((traj, state, ex))
+            else:
+                dedup[traj.task.fold] += 1
+        pending = kept
     count = fmt.chat_batch_token_counter(tokenizer, add_generation_prompt=False)
     count_texts = fmt.text_token_counter(tokenizer)
     tokens: list[int] = []
@@ -499,18 +510,10 @@ def conversation_rows(
         trained += [sum(next(it) for _ in rs) for rs in replies]
     longest = cfg.max_prompt_tokens + (cfg.max_completion_tokens or 0)
     rows: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    dedup: Counter = Counter()
-    seen: set[tuple] = set()
     for (traj, state, ex), n_tokens, n_trained in zip(pending, tokens, trained):
         if n_tokens > longest:  # a window of one step whose prompt alone passes the budget
             counts["prompt_over_budget"] += 1
             continue
-        if cfg.dedupe:
-            key = (traj.task.fold, tuple(m["content"] for m in ex.messages), tuple(ex.weights))
-            if key in seen:
-                dedup[traj.task.fold] += 1
-                continue
-            seen.add(key)
         turns = [state.turns[t] if t >= 0 else None for t in ex.steps]
         steps = {t: traj.steps[t] for t in ex.steps if 0 <= t < len(traj.steps)}
         rows[traj.task.fold].append(
@@ -539,6 +542,23 @@ def conversation_rows(
             }
         )
     return dict(rows), dict(dedup)
+
+
+def _dedupe_turns(ex: Any, fold: str, seen: set[bytes]) -> Any:
+    """`ex` with weight 0 on every trained turn whose whole context and reply were trained before in this fold."""
+    import hashlib
+
+    digest = hashlib.sha1(fold.encode())
+    weights = list(ex.weights)
+    for i, m in enumerate(ex.messages):
+        digest.update(json.dumps(m, ensure_ascii=True).encode())
+        if weights[i]:
+            key = digest.copy().digest()
+            if key in seen:
+                weights[i] = 0
+            else:
+                seen.add(key)
+    return replace(ex, weights=weights)
 
 
 def _conversation_features():
