@@ -50,6 +50,45 @@ def test_tool_call_round_trip_and_refusals():
             fmt.parse_tool_call(bad, allowed=["mv"])
 
 
+def test_tool_call_values_must_be_json_and_bounded():
+    action = fmt.parse_tool_call("f(a=(1, 2), b={'x': -1.5, 'y': [None, True]}, c=+3, d='\\x00é')")
+    assert action.arguments == {"a": [1, 2], "b": {"x": -1.5, "y": [None, True]}, "c": 3, "d": "\x00é"}
+    assert fmt.parse_tool_call(fmt.render_action(action)) == action  # a tuple is read as the list it renders as
+    deep = fmt.MAX_LITERAL_DEPTH + 2
+    for bad, reason in [
+        ("f(a={'a', 'b'})", "argument 'a' is not a literal value: a set"),
+        ("f(a=b'..')", "a bytes constant"),
+        ("f(a=1j)", "a complex constant"),
+        ("f(a=...)", "a ... constant"),
+        ("f(a=1e999)", "a float that is not finite"),
+        ("f(a=-True)", "a sign applies to a number only"),
+        ("f(a={1: 2})", "dict keys must be strings"),
+        ("f(a={**{}})", "dict keys must be strings"),
+        ("f(a=f'{x}')", "an f-string"),
+        ("f(a=x)", "a name"),
+        ("f(a=0x" + "f" * 20 + ")", "an integer beyond"),
+        ("f(a='\\udc80')", "lone surrogate"),
+        ("f(a=" + "[" * deep + "]" * deep + ")", f"nested more than {fmt.MAX_LITERAL_DEPTH} deep"),
+        ("f(a=" + "-" * 5000 + "1)", r"not a Python call expression: .*\(RecursionError\)"),
+        ("f(a=" + "[" * 1000 + "]" * 1000 + ")", "not a Python call expression: .*too many nested"),
+        ("f(a='\x00')", "not a Python call expression"),
+        ("f(a='\udc80')", r"not a Python call expression: .*\(UnicodeEncodeError\)"),
+        ("f(a='" + "x" * fmt.MAX_CALL_CHARS + "')", f"longer than {fmt.MAX_CALL_CHARS}"),
+        ("f(a=[" + "[]," * 3000 + "])", f"more than {fmt.MAX_LITERAL_NODES}"),
+    ]:
+        with pytest.raises(ActionParseError, match=reason):
+            fmt.parse_tool_call(bad)
+    assert fmt.parse_tool_call(f"f(a={2**63 - 1}, b={-(2**63 - 1)})").arguments == {"a": 2**63 - 1, "b": -(2**63 - 1)}
+
+
+def test_action_key_is_unchanged_for_json_arguments_and_never_raises():
+    action = Action.tool_call("mv", {"source": "é.txt", "n": [1, None, True], "opts": {"b": 1.5, "a": "x"}})
+    assert action.key() == 'mv({"n": [1, null, true], "opts": {"a": "x", "b": 1.5}, "source": "é.txt"})'
+    assert Action.tool_call("f", {"a": {1, 2}, "b": b"x"}).key() == 'f({"a": "{1, 2}", "b": "b\'x\'"})'
+    assert Action.tool_call("f", {1: 2, "a": 3}).key() == "f(\"{1: 2, 'a': 3}\")"  # keys sort_keys cannot order
+    assert Action.tool_call("f", {"a": 10**5000}).key() == 'f("<arguments too large to print>")'
+
+
 def test_fit_to_budget_drops_oldest_history_first_and_keeps_goal_and_failures():
     state = _state(n_history=12)
 
