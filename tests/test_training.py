@@ -520,3 +520,12 @@ def test_a_copied_run_folder_resumes(tiny: Path, dataset_dir: Path, tmp_path: Pa
     assert result.metrics["resumed_from"] == str(copy / "checkpoint-2") and result.metrics["global_step"] == 4
     assert _logged_steps(copy) == ([1, 2, 3, 4], [2, 4])
     assert not out.exists()
+
+
+def test_max_minutes_stops_early_and_saves_the_adapter(tiny: Path, dataset_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "timed"
+    result = train(*_args(tiny, dataset_dir, out, max_steps=500, eval_steps=0, save_steps=1000, max_minutes=1e-4))
+    assert result.metrics["global_step"] == result.metrics["stopped_by_max_minutes_at_step"] == 1
+    assert (out / "adapter" / "adapter_config.json").exists() and (out / "checkpoint-1").is_dir()
+    with pytest.raises(ValueError, match="max_minutes"):
+        TrainArguments(max_minutes=-1)

@@ -112,6 +112,13 @@ class TrainArguments:
     )
     num_train_epochs: float = field(default=1.0, metadata={"help": "passes over the training fold"})
     max_steps: int = field(default=-1, metadata={"help": "optimizer steps; overrides num_train_epochs when > 0"})
+    max_minutes: float = field(
+        default=0.0,
+        metadata={
+            "help": "stop (and save) after this many minutes of training, whatever step it is; 0 = no limit. "
+            "For comparisons at equal compute: the schedule still spans max_steps"
+        },
+    )
     learning_rate: float = field(default=2e-4, metadata={"help": "peak learning rate"})
     lr_scheduler_type: str = field(default="cosine", metadata={"help": f"one of {SCHEDULERS}"})
     warmup_ratio: float = field(
@@ -163,6 +170,7 @@ class TrainArguments:
         _check(bool(self.output_dir.strip()), "output_dir", self.output_dir, "a folder")
         _check(self.num_train_epochs > 0 or self.max_steps > 0, "num_train_epochs", self.num_train_epochs, "> 0")
         _check(self.max_steps == -1 or self.max_steps > 0, "max_steps", self.max_steps, "-1 or a positive integer")
+        _check(self.max_minutes >= 0, "max_minutes", self.max_minutes, ">= 0 (0 = no limit)")
         _check(self.learning_rate > 0, "learning_rate", self.learning_rate, "a positive number")
         _check(
             self.lr_scheduler_type in SCHEDULERS, "lr_scheduler_type", self.lr_scheduler_type, f"one of {SCHEDULERS}"

@@ -300,6 +300,26 @@ class JsonlMetricsCallback(TrainerCallback):
             append_jsonl(self.path, [record])
 
 
+class TimeLimitCallback(TrainerCallback):
+    """Stops training (saving a checkpoint and the adapter as at a normal end) once `minutes` of this
+    run's training have passed: equal-compute comparisons on a shared machine need a clock, not a step
+    count. 0 = no limit."""
+
+    def __init__(self, minutes: float) -> None:
+        self.seconds = minutes * 60.0
+        self.started = 0.0
+        self.stopped_at: int | None = None
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.started = time.perf_counter()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.seconds and time.perf_counter() - self.started >= self.seconds and not control.should_training_stop:
+            control.should_training_stop = True
+            control.should_save = True
+            self.stopped_at = state.global_step
+
+
 # ---------------------------------------------------------------------------------------------
 # Set-up helpers
 # ---------------------------------------------------------------------------------------------
@@ -508,6 +528,7 @@ def trim_metrics(path: Path, global_step: int) -> int:
 RESUMABLE_CHANGES = frozenset(
     {
         "max_steps",
+        "max_minutes",
         "num_threads",
         "logging_steps",
         "save_steps",
@@ -659,6 +680,7 @@ def train(
         if train_args.batching == "packed"
         else PaddingCollator(tokenizer.pad_token_id, pad_to_multiple_of=8 if torch.cuda.is_available() else None)
     )
+    timer = TimeLimitCallback(train_args.max_minutes)
     trainer = SimplanTrainer(
         model=model,
         args=training_arguments(train_args, bf16, dev_ds is not None),
@@ -666,7 +688,7 @@ def train(
         eval_dataset=dev_ds,
         data_collator=collator,
         processing_class=tokenizer,
-        callbacks=[JsonlMetricsCallback(out / "metrics.jsonl")],
+        callbacks=[JsonlMetricsCallback(out / "metrics.jsonl"), timer],
         completion_only_logits=train_args.completion_only_logits,
     )
     if checkpoint:
@@ -688,6 +710,7 @@ def train(
     metrics.update(
         {
             "global_step": trainer.state.global_step,
+            "stopped_by_max_minutes_at_step": timer.stopped_at,
             "resumed_from": checkpoint,
             "train_examples": len(train_ds),
             "train_dropped_over_max_length": dropped_train,
