@@ -55,7 +55,7 @@ from simplan.envs.registry import make_env
 from simplan.inference.batching import BatchingEngine
 from simplan.inference.engine import Engine
 from simplan.inference.faults import FaultConfig, FaultyEnv, wrap_faults
-from simplan.inference.suites import Suite, SuiteEntry, entry_tasks, load_suite
+from simplan.inference.suites import StepCap, Suite, SuiteEntry, entry_tasks_with_caps, load_suite
 from simplan.inference.trace import EpisodeTrace, append_trace, episode_runs, summarize
 
 ARMS = ("reactive", "plan", "simplan")
@@ -79,7 +79,13 @@ class EvalConfig:
     episodes: int = field(default=0, metadata=_help("tasks per family (0: the suite's tasks_per_family)"))
     repeats: int = field(default=1, metadata=_help("episodes per (task, arm); >1 only differs with sampling"))
     out: str = field(default="runs/eval/default", metadata=_help("run folder: traces.jsonl, results.jsonl, ..."))
-    max_steps: int = field(default=0, metadata=_help("real steps per episode (0: the suite's max_steps)"))
+    max_steps: int = field(
+        default=0, metadata=_help("a flat cap of real steps per episode, replacing the suite's caps (0: the suite's)")
+    )
+    step_cap: dict | None = field(
+        default=None,
+        metadata=_help("per-task cap from the expert's path, e.g. '{factor: 2, plus: 10}' (default: the suite's)"),
+    )
     faults: dict | None = field(
         default=None, metadata=_help("fault rates for every entry, e.g. '{transient: 0.1}' (default: the suite's)")
     )
@@ -110,6 +116,10 @@ class EvalConfig:
             raise ValueError(f"batch_window_ms: must be >= 0, got {self.batch_window_ms}")
         if self.faults is not None:
             FaultConfig.from_dict(self.faults)
+        if self.step_cap is not None:
+            StepCap.from_dict(self.step_cap)
+            if self.max_steps:
+                raise ValueError("max_steps and step_cap: give one step cap, a flat one or one from the expert's path")
         unknown_arms = sorted(set(self.arm_overrides) - set(ARMS))
         if unknown_arms:
             raise ValueError(f"arm_overrides: unknown arm(s) {unknown_arms}; arms are {', '.join(ARMS)}")
@@ -123,6 +133,7 @@ class EpisodeSpec:
     repeat: int
     episode_id: str
     fault_key: str  # the fault schedule's identity: no arm, so all arms meet the same faults
+    max_steps: int  # the task's step cap, the same in every arm
 
 
 @dataclass
@@ -148,28 +159,36 @@ def resolve_suite(cfg: EvalConfig) -> Suite:
         if cfg.episodes:
             e.tasks_per_family = cfg.episodes
         if cfg.max_steps:
-            e.max_steps = cfg.max_steps
+            e.max_steps, e.step_cap = cfg.max_steps, None
+        if cfg.step_cap is not None:
+            e.step_cap = StepCap.from_dict(cfg.step_cap)
         if cfg.faults is not None:
             e.faults = FaultConfig.from_dict(cfg.faults)
     return suite
 
 
 def plan_episodes(suite: Suite, arms: list[str], repeats: int) -> list[EpisodeSpec]:
-    """Task-major order: the arms of one task run side by side (so their calls batch together)."""
+    """Task-major order: the arms of one task run side by side (so their calls batch together).
+
+    Paired by construction: every arm gets every (task, repeat) with the same step cap and fault key,
+    so arms compare task by task (inference/paired.py).
+    """
     specs = []
     for entry in suite.entries:
-        for task in entry_tasks(entry):
+        for task, cap in entry_tasks_with_caps(entry):
             for r in range(repeats):
                 base = f"{suite.name}/{task.env}/{task.task_id}"
                 for arm in arms:
-                    specs.append(EpisodeSpec(entry, task, arm, r, f"{base}/{arm}/{r}", f"{base}/{r}"))
+                    specs.append(EpisodeSpec(entry, task, arm, r, f"{base}/{arm}/{r}", f"{base}/{r}", cap))
     return specs
 
 
-def planner_config(cfg: EvalConfig, arm: str, entry: SuiteEntry) -> Any:
+def planner_config(cfg: EvalConfig, arm: str, entry: SuiteEntry, max_steps: int | None = None) -> Any:
+    """The arm's PlannerConfig for a task of `entry`; `max_steps`: the task's cap (default: the entry's)."""
     from simplan.inference.planner_config import PlannerConfig
 
-    values = {**cfg.planner, **cfg.arm_overrides.get(arm, {}), "arm": arm, "max_steps": entry.max_steps}
+    cap = entry.max_steps if max_steps is None else max_steps
+    values = {**cfg.planner, **cfg.arm_overrides.get(arm, {}), "arm": arm, "max_steps": cap}
     try:
         return PlannerConfig(**values)
     except TypeError as e:
@@ -406,10 +425,17 @@ def _evaluate_locked(
     identity = _identity(cfg, suite, engine_info)
     check_identity(out, identity)
     specs = plan_episodes(suite, cfg.arms, cfg.repeats)
-    configs = {(s.arm, id(s.entry)): planner_config(cfg, s.arm, s.entry) for s in specs}  # validate up front
+    configs = {_config_key(s): planner_config(cfg, s.arm, s.entry, s.max_steps) for s in specs}  # validate now
+    step_caps = {s.fault_key: s.max_steps for s in specs}  # per (task, repeat): one cap shared by the arms
     write_json(
         out / "eval_config.json",
-        {"identity": identity, "eval": dataclasses.asdict(cfg), "suite": suite.to_dict(), "engine": engine_info},
+        {
+            "identity": identity,
+            "eval": dataclasses.asdict(cfg),
+            "suite": suite.to_dict(),
+            "engine": engine_info,
+            "step_caps": step_caps,
+        },
     )
 
     done, notes = finished_traces(out)
@@ -442,7 +468,7 @@ def _evaluate_locked(
             env = slot.env_for(spec.entry)
             if isinstance(env, FaultyEnv):
                 env.begin_episode(spec.fault_key)
-            pcfg = configs[(spec.arm, id(spec.entry))]
+            pcfg = configs[_config_key(spec)]
             if batcher is not None:
                 with batcher.session():
                     result = run_episode(shared, env, spec.task, pcfg, spec.episode_id, count_tokens)
@@ -491,6 +517,10 @@ def _evaluate_locked(
         traces=out / TRACES,
         results=out / RESULTS,
     )
+
+
+def _config_key(spec: EpisodeSpec) -> tuple[str, int, int]:
+    return (spec.arm, id(spec.entry), spec.max_steps)
 
 
 def _progress(cfg: EvalConfig, total: int, initial: int) -> Any:

@@ -13,7 +13,8 @@ A suite file (flat keys at the top apply to every entry unless the entry sets it
     # comment with the command to run it
     name: twx-dev
     description: every TextWorld-Express game, dev fold
-    max_steps: 50
+    max_steps: 50                                  # a flat cap on real steps per episode, or
+    step_cap: {factor: 2, plus: 10}                # per task: 2 x the expert's path length + 10
     faults: {transient: 0.0, perturb: 0.0}
     entries:
       - env: twx
@@ -24,22 +25,73 @@ A suite file (flat keys at the top apply to every entry unless the entry sets it
         task_ids: [corridor-100, corridor-101]       # or explicit task ids
 
 Suites live in recipes/suites/ (found from the repo root or $SIMPLAN_SUITES); a path works too.
+
+Every arm of an evaluation runs the same tasks with the same step cap (inference/evaluate.py
+`plan_episodes`), so the arms' outcomes pair task by task (inference/paired.py). With `step_cap`
+the cap of each task is read from the expert's path (`env.expert_plan()` after a reset while the
+episodes are planned): a flat cap cut cookingworld's longer gold paths short while giving the
+3-step games room to wander. A task whose expert plan is unavailable keeps `max_steps`.
 """
 
 from __future__ import annotations
 
+import math
 import os
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from simplan.envs.base import FOLDS, Env, Task
+from simplan.envs.base import FOLDS, Env, Task, env_extra
 from simplan.envs.registry import make_env
 from simplan.inference.faults import FaultConfig
 
 SUITES_DIR = Path(__file__).resolve().parents[1] / "recipes" / "suites"
-_ENTRY_KEYS = {"env", "fold", "families", "tasks_per_family", "task_ids", "max_steps", "env_kwargs", "faults"}
-_SUITE_KEYS = {"name", "description", "max_steps", "faults", "entries", "tasks_per_family"}
+_ENTRY_KEYS = {
+    "env",
+    "fold",
+    "families",
+    "tasks_per_family",
+    "task_ids",
+    "max_steps",
+    "step_cap",
+    "env_kwargs",
+    "faults",
+}
+_SUITE_KEYS = {"name", "description", "max_steps", "step_cap", "faults", "entries", "tasks_per_family"}
+_DEFAULT_KEYS = ("max_steps", "step_cap", "faults", "tasks_per_family")
+
+
+@dataclass(frozen=True)
+class StepCap:
+    """A task's step cap from its expert path: ceil(factor x expert steps) + plus."""
+
+    factor: float = 2.0
+    plus: int = 10
+
+    def __post_init__(self) -> None:
+        if not self.factor >= 1.0:
+            raise ValueError(f"step_cap.factor: must be >= 1 (the expert's own path must fit), got {self.factor!r}")
+        if self.plus < 0:
+            raise ValueError(f"step_cap.plus: must be >= 0, got {self.plus!r}")
+
+    def cap(self, expert_steps: int) -> int:
+        return math.ceil(self.factor * expert_steps) + self.plus
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"factor": self.factor, "plus": self.plus}
+
+    @staticmethod
+    def from_dict(d: dict[str, Any] | StepCap | None) -> StepCap | None:
+        """None (no step_cap: the flat max_steps) or {factor, plus}; unknown keys are an error."""
+        if d is None or isinstance(d, StepCap):
+            return d
+        if not isinstance(d, dict):
+            raise ValueError(f"step_cap: expected a mapping like {{factor: 2, plus: 10}}, got {d!r}")
+        bad = sorted(set(d) - {"factor", "plus"})
+        if bad:
+            raise ValueError(f"step_cap: unknown key(s) {bad}; valid: factor, plus")
+        return StepCap(**d)
 
 
 @dataclass
@@ -51,7 +103,8 @@ class SuiteEntry:
     families: list[str] | None = None  # None: every family of the env
     tasks_per_family: int | None = None  # None: all (explicit task_ids ignore it)
     task_ids: list[str] | None = None
-    max_steps: int = 50
+    max_steps: int = 50  # the flat cap, and the cap of tasks without an expert plan when step_cap is set
+    step_cap: StepCap | None = None  # None: every task gets max_steps
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     faults: FaultConfig = field(default_factory=FaultConfig)
 
@@ -88,6 +141,7 @@ class Suite:
                     "tasks_per_family": e.tasks_per_family,
                     "task_ids": e.task_ids,
                     "max_steps": e.max_steps,
+                    "step_cap": e.step_cap.to_dict() if e.step_cap else None,
                     "env_kwargs": e.env_kwargs,
                     "faults": e.faults.to_dict(),
                 }
@@ -134,7 +188,7 @@ def load_suite(name_or_path: str) -> Suite:
     entries_raw = data.get("entries")
     if not entries_raw or not isinstance(entries_raw, list):
         raise ValueError(f"{path}: `entries` must be a non-empty list of {{env, fold, families, ...}}")
-    defaults = {k: data[k] for k in ("max_steps", "faults", "tasks_per_family") if k in data}
+    defaults = {k: data[k] for k in _DEFAULT_KEYS if k in data}
     entries = []
     for i, raw in enumerate(entries_raw):
         if not isinstance(raw, dict) or "env" not in raw:
@@ -145,6 +199,7 @@ def load_suite(name_or_path: str) -> Suite:
         merged = {**defaults, **raw}
         try:
             merged["faults"] = FaultConfig.from_dict(merged.get("faults"))
+            merged["step_cap"] = StepCap.from_dict(merged.get("step_cap"))
             entries.append(SuiteEntry(**merged))
         except (TypeError, ValueError) as e:
             raise ValueError(f"{path}: entries[{i}]: {e}") from None
@@ -170,7 +225,7 @@ def entry_tasks(entry: SuiteEntry, env: Env | None = None) -> list[Task]:
                     f"(e.g. {', '.join(list(every)[:3])})"
                 )
             return [every[t] for t in entry.task_ids]
-        families = entry.families or list(getattr(env, "families", []) or [])
+        families = entry.families or list(env_extra(env, "families") or [])
         if families:
             out: list[Task] = []
             for fam in families:
@@ -193,3 +248,42 @@ def entry_tasks(entry: SuiteEntry, env: Env | None = None) -> list[Task]:
 
 def suite_tasks(suite: Suite) -> list[tuple[SuiteEntry, list[Task]]]:
     return [(e, entry_tasks(e)) for e in suite.entries]
+
+
+def expert_steps(env: Env, task: Task) -> int | None:
+    """The length of the expert's path of `task` (a reset, then `env.expert_plan()`); None when the env
+    cannot give one (no gold path, a failed reset): the caller falls back to the flat cap."""
+    try:
+        env.reset(task)
+        return len(env.expert_plan())
+    except Exception as e:  # noqa: BLE001 - any env failure means "no expert length", said in the warning
+        warnings.warn(f"task {task.env}/{task.task_id}: no expert plan ({type(e).__name__}: {e})", stacklevel=2)
+        return None
+
+
+def task_step_caps(entry: SuiteEntry, tasks: list[Task], env: Env | None = None) -> dict[str, int]:
+    """Each task's step cap by task id: `entry.max_steps`, or from the expert's path with `step_cap`."""
+    if entry.step_cap is None or not tasks:
+        return {t.task_id: entry.max_steps for t in tasks}
+    own = env is None
+    env = env or make_env(entry.env, **entry.env_kwargs)
+    try:
+        caps = {}
+        for t in tasks:
+            n = expert_steps(env, t)
+            caps[t.task_id] = entry.max_steps if n is None else entry.step_cap.cap(n)
+        return caps
+    finally:
+        if own:
+            env.close()
+
+
+def entry_tasks_with_caps(entry: SuiteEntry) -> list[tuple[Task, int]]:
+    """The entry's tasks and their step caps, listed and measured with one env instance."""
+    env = make_env(entry.env, **entry.env_kwargs)
+    try:
+        tasks = entry_tasks(entry, env)
+        caps = task_step_caps(entry, tasks, env)
+        return [(t, caps[t.task_id]) for t in tasks]
+    finally:
+        env.close()
