@@ -13,6 +13,7 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "envs": ("simplan.scripts.envs_cmd", "list environments, or check an adapter (envs list | envs check NAME)"),
     "collect": ("simplan.scripts.collect", "collect expert / noisy-expert / random trajectories"),
+    "import": ("simplan.scripts.import_cmd", "convert OpenAI or ShareGPT chat transcripts into trajectory JSONL"),
     "validate": ("simplan.scripts.validate", "check trajectory JSONL files against the schema"),
     "build": ("simplan.scripts.build", "build the decider or simulator dataset from trajectories"),
     "models": ("simplan.scripts.models", "list or fetch base models (models list | models fetch NAME)"),
