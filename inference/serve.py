@@ -110,6 +110,9 @@ def server_command(cfg: ServeConfig, model_path: str) -> list[str]:
     cmd += ["--max-model-len", str(cfg.max_model_len), "--max-num-seqs", str(cfg.max_num_seqs)]
     if cfg.enforce_eager:
         cmd.append("--enforce-eager")
+    # Consecutive conversation steps share their prompt prefix; explicit so a changed default cannot turn
+    # it off. The server reports hits as vllm:prefix_cache_hits / vllm:prefix_cache_queries on /metrics.
+    cmd.append("--enable-prefix-caching")
     if adapters:
         cmd += ["--enable-lora", "--max-lora-rank", str(vllm_lora_rank(adapters))]
         # CPU multi-LoRA bug (PLATFORM.md): a spare slot keeps base requests off the last adapter.

@@ -92,8 +92,16 @@ class VLLMEngine:
             # torch.compile takes minutes on a small CPU; eager is used where start-up dominates (tests).
             enforce_eager=enforce_eager,
             seed=seed,
+            # Consecutive conversation steps and the rollout branches of a step share their prompt prefix
+            # (goal, history): the cached KV blocks skip that prefill. On by default in vLLM 0.32; set
+            # explicitly so a changed default cannot silently turn it off. Scoring rows do not read it
+            # (vLLM skips the cache for requests with prompt_logprobs).
+            enable_prefix_caching=True,
             **lora,
         )
+        # Prompt tokens sent and the part served from the prefix cache (RequestOutput.num_cached_tokens),
+        # over the engine's life; read by prefix_cache_stats.
+        self._prefix_tokens = {"prompt": 0, "cached": 0}
         self._lora = {name: LoRARequest(name, i + 1, p) for i, (name, p) in enumerate(adapters.items())}
         from vllm.platforms import current_platform
 
@@ -124,7 +132,7 @@ class VLLMEngine:
         prompts = [TokensPrompt(prompt_token_ids=prompt_ids(self.tokenizer, r)) for r in requests]
         params = [self._params(r) for r in requests]
         with timer() as t:
-            outputs = self.llm.generate(prompts, params, lora_request=loras, use_tqdm=False)
+            outputs = self._run(prompts, params, loras)
         results = []
         for r, out in zip(requests, outputs):
             comps = []
@@ -142,9 +150,8 @@ class VLLMEngine:
                         token_ids=list(o.token_ids),
                     )
                 )
-            results.append(
-                GenerationResult(comps, len(out.prompt_token_ids or []), sum(c.num_tokens for c in comps), 0.0)
-            )
+            prompt_len, cached = len(out.prompt_token_ids or []), out.num_cached_tokens or 0  # prefix-cache hits
+            results.append(GenerationResult(comps, prompt_len, sum(c.num_tokens for c in comps), 0.0, cached))
         for res in results:
             res.seconds = t[0] / max(len(results), 1)
         account(self.usage, results, t[0])
@@ -161,12 +168,9 @@ class VLLMEngine:
         prompts = [TokensPrompt(prompt_token_ids=row.ids) for row in rows]
         with timer() as t:
             if self._score_one_by_one:
-                outputs = [
-                    self.llm.generate([p], params, lora_request=[lora], use_tqdm=False)[0]
-                    for p, lora in zip(prompts, loras)
-                ]
+                outputs = [self._run([p], params, [lora])[0] for p, lora in zip(prompts, loras)]
             else:
-                outputs = self.llm.generate(prompts, params, lora_request=loras, use_tqdm=False)
+                outputs = self._run(prompts, params, loras)
         values = []
         for row, out in zip(rows, outputs):
             plp = out.prompt_logprobs  # entry p: logprob of ids[p] given ids[:p] (entry 0 is None)
@@ -174,6 +178,25 @@ class VLLMEngine:
         results = score_results(requests, rows, values, lengths, t[0])
         account(self.usage, results, t[0])
         return results
+
+    def _run(self, prompts: list[Any], params: Any, loras: list[Any]) -> list[Any]:
+        """`LLM.generate`, counting prompt tokens and prefix-cache hits per request."""
+        outputs = self.llm.generate(prompts, params, lora_request=loras, use_tqdm=False)
+        for out in outputs:
+            self._prefix_tokens["prompt"] += len(out.prompt_token_ids or [])
+            self._prefix_tokens["cached"] += out.num_cached_tokens or 0
+        return outputs
+
+    def prefix_cache_stats(self) -> dict[str, float]:
+        """Prompt tokens sent, those served from vLLM's prefix cache, and the hit rate (cached / prompt).
+
+        Counted from each RequestOutput's `num_cached_tokens` (the scheduler's prefix-cache hit for that
+        request) rather than `LLM.get_metrics()`: those Prometheus counters need stat logging on (a log line
+        every 10 s) and live in one process-wide registry that each new `LLM` resets, so two engines in one
+        process (merged adapters) would read each other's numbers.
+        """
+        prompt, cached = self._prefix_tokens["prompt"], self._prefix_tokens["cached"]
+        return {"prompt_tokens": prompt, "cached_tokens": cached, "hit_rate": cached / prompt if prompt else 0.0}
 
     def close(self) -> None:
         llm, self.llm = getattr(self, "llm", None), None
