@@ -1,7 +1,9 @@
 """The environment protocol every simplan adapter implements, and the records that cross it.
 
-An adapter is one file that implements `Env` and registers itself (see `envs/registry.py`);
-nothing else in the toolkit changes. Check any adapter with `simplan envs check NAME`.
+An adapter is one class that implements `Env` (optional attributes: `EnvDefaults`). Use it by
+`--env package.module:Class`, or give it a name with an entry point in the `simplan.envs` group of
+its package (envs/registry.py; examples/simplan-shop is a complete plugin package); nothing in
+simplan changes. Check any adapter with `simplan envs check NAME`.
 
 Actions are structured: `command` text for text games, `tool_call` (name + arguments) for tool
 environments, `finish` to end a turn or an episode (tool envs), `answer` for a free-text answer.
@@ -149,9 +151,51 @@ class StepResult:
     info: dict[str, Any] = field(default_factory=dict)
 
 
+class EnvDefaults:
+    """The optional attributes of an adapter, with the defaults used when it does not set them.
+
+    Subclass it (`class MyEnv(EnvDefaults)`) to inherit the defaults and override what applies, or set
+    the attributes on your own class; read them with `env_extra(env, NAME)`, which applies the defaults
+    to an adapter that has none. `Env` lists only what every adapter must have, so a plain class with the
+    six required members is still an `Env`.
+    """
+
+    #: One line shown by `simplan envs list` (default: the first line of the class or module docstring).
+    description: str = ""
+    #: The task families (games, task types, categories) `tasks(fold, families=...)` accepts; suites use all
+    #: of them when an entry names none.
+    families: tuple[str, ...] = ()
+    #: Regexes of observations that mean an action failed (the judge and the error pivot); none: the
+    #: planner's defaults (inference/judge.py DEFAULT_ERROR_PATTERNS).
+    error_patterns: tuple[str, ...] = ()
+    #: Regexes of observations that mean progress (the judge); none: DEFAULT_PROGRESS_PATTERNS.
+    progress_patterns: tuple[str, ...] = ()
+    #: Seconds a step may take, for an adapter that stops its own steps: one that takes a `step_timeout`
+    #: constructor argument (BFCL) keeps it here and `make_env` adds no thread watchdog (envs/limits.py).
+    #: None: the adapter has no limit of its own and `make_env` runs its steps under a watchdog.
+    step_timeout: float | None = None
+
+
+EXTRAS: tuple[str, ...] = ("description", "families", "error_patterns", "progress_patterns", "step_timeout")
+
+
+def env_extra(env: object, name: str) -> Any:
+    """The optional attribute `name` of `env` (see `EnvDefaults`), or its default when the adapter has none."""
+    if name not in EXTRAS:
+        raise AttributeError(f"{name!r} is not an optional env attribute; those are {', '.join(EXTRAS)}")
+    try:
+        return getattr(env, name)  # wrappers (LimitedEnv, FaultyEnv) forward unknown attributes to the adapter
+    except AttributeError:
+        return getattr(EnvDefaults, name)
+
+
 @runtime_checkable
 class Env(Protocol):
-    """A small, gymnasium-like protocol. One instance runs one episode at a time and is reused."""
+    """A small, gymnasium-like protocol. One instance runs one episode at a time and is reused.
+
+    Optional attributes (description, families, error_patterns, progress_patterns, step_timeout) are
+    declared with their defaults in `EnvDefaults`.
+    """
 
     name: str
 

@@ -26,8 +26,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-# Phrases environments use to reject an action. Envs add their own with an `error_patterns`
-# attribute (list of regexes); configs add more with PlannerConfig.error_patterns.
+from simplan.envs.base import env_extra
+
+# Phrases environments use to reject an action. Envs replace them with their own `error_patterns`
+# (regexes; envs/base.py EnvDefaults); configs add more with PlannerConfig.error_patterns.
 DEFAULT_ERROR_PATTERNS: tuple[str, ...] = (
     r"\byou can'?t\b",
     r"\byou cannot\b",
@@ -67,8 +69,9 @@ def compile_patterns(patterns: Iterable[str]) -> list[re.Pattern[str]]:
 
 
 def env_patterns(env: Any, attr: str, defaults: Sequence[str], extra: Sequence[str] = ()) -> list[str]:
-    """The env's own patterns (attribute `error_patterns` / `progress_patterns`) or the defaults, plus extras."""
-    own = getattr(env, attr, None)
+    """The env's own patterns (`error_patterns` / `progress_patterns`, envs/base.py EnvDefaults) or the
+    defaults, plus extras."""
+    own = env_extra(env, attr)
     return list(own if own else defaults) + list(extra)
 
 

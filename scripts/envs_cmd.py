@@ -1,9 +1,12 @@
-"""`simplan envs list` and `simplan envs check NAME`: list the registered environments, or check an adapter.
+"""`simplan envs list` and `simplan envs check NAME`: list the environments, or check an adapter.
 
-    simplan envs list
+    simplan envs list                                       # built-ins and installed plugins (with their package)
     simplan envs check twx                                  # all 8 games, 3 train tasks each
     simplan envs check scienceworld --sample 1              # all 30 task types (minutes)
     simplan envs check twx --families coin,twc --env-kwargs '{max_steps: 50}'
+    simplan envs check mypkg.myenv:MyEnv                    # an adapter class not installed as a plugin
+
+NAME is a built-in, an installed plugin's name, or package.module:Class (envs/registry.py).
 
 `check` prints a table of named checks (envs/check.py) and exits 1 if any failed.
 """
@@ -14,11 +17,15 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+from simplan.envs.base import env_extra
 from simplan.envs.check import check_env
-from simplan.envs.registry import make_env, names
+from simplan.envs.registry import EnvSource, UnknownEnvError, make_env, sources
 from simplan.scripts.config import parse_config
 
-USAGE = "usage: simplan envs list | simplan envs check NAME [--sample N] [--families a,b] [--env-kwargs YAML]"
+USAGE = (
+    "usage: simplan envs list | simplan envs check NAME|package.module:Class [--sample N] [--families a,b] "
+    "[--env-kwargs YAML]"
+)
 
 
 @dataclass
@@ -39,14 +46,14 @@ def _describe(name: str) -> tuple[str, str]:
     """(one-line description, families) without starting any backend (adapters start JVMs lazily)."""
     try:
         env = make_env(name)
-    except Exception as e:  # a missing optional package should not hide the other envs
+    except Exception as e:  # a missing optional package or a broken plugin should not hide the other envs
         return f"(unavailable: {e})", ""
     try:
-        adapter = getattr(env, "unwrapped", env)  # the adapter's own docs, not those of make_env's limits wrapper
+        adapter = env.unwrapped  # the adapter's own docs, not those of make_env's limits wrapper
         module_doc = sys.modules[type(adapter).__module__].__doc__ or ""
-        lines = (getattr(env, "description", "") or type(adapter).__doc__ or module_doc).strip().splitlines()
+        lines = (env_extra(env, "description") or type(adapter).__doc__ or module_doc).strip().splitlines()
         doc = lines[0] if lines else type(adapter).__name__
-        families: Any = getattr(env, "families", None)
+        families: Any = env_extra(env, "families")
         fams = ", ".join(families) if isinstance(families, list | tuple) else ""
         return doc, fams
     finally:
@@ -54,12 +61,16 @@ def _describe(name: str) -> tuple[str, str]:
 
 
 def list_envs() -> int:
-    rows = [(n, *_describe(n)) for n in names()]
-    width = max(len(n) for n, _, _ in rows)
-    for name, doc, fams in rows:
-        print(f"{name:<{width}}  {doc}")
+    found: list[EnvSource] = sources()
+    width = max(len(s.name) for s in found)
+    for src in found:
+        doc, fams = _describe(src.name)
+        print(f"{src.name:<{width}}  {doc}")
+        if src.origin != "builtin":
+            print(f"{'':<{width}}  from {src.origin} ({src.target})")
         if fams:
             print(f"{'':<{width}}  families: {fams}")
+    print("\nOr name any adapter class as package.module:Class (e.g. --env mypkg.myenv:MyEnv).")
     return 0
 
 
@@ -69,9 +80,13 @@ def check(argv: list[str]) -> int:
         argv,
         description="Check an environment adapter against the Env contract (envs/check.py).",
         prog="simplan envs check",
-        extra=lambda p: p.add_argument("name", choices=names(), help="registered environment name"),
+        extra=lambda p: p.add_argument("name", help="env name (simplan envs list) or package.module:Class"),
     )
-    env = make_env(extra.name, **(cfg.env_kwargs or {}))
+    try:
+        env = make_env(extra.name, **(cfg.env_kwargs or {}))
+    except (UnknownEnvError, ImportError) as e:
+        print(f"simplan envs check: {e}", file=sys.stderr)
+        return 2
     try:
         report = check_env(env, fold_sample=cfg.sample, families=cfg.families, progress=cfg.progress)
     finally:

@@ -1,0 +1,1 @@
+"""simplan-shop: an example plugin environment for simplan (see simplan_shop/env.py)."""

@@ -1,0 +1,188 @@
+"""A small tool-calling shop: find a product, check stock, order it, ship the order.
+
+    pip install -e examples/simplan-shop              # registers `shop` (entry point simplan.envs)
+    simplan envs check shop
+    simplan collect --env shop --fold train --policies expert --limit 10 --out runs/data/shop.jsonl
+    simplan envs check simplan_shop.env:ShopEnv       # the same without installing (folder on PYTHONPATH)
+
+Tools (JSON schemas in `Observation.tools`): search(query), check_stock(item), order(item, qty),
+ship(order_id), finish(). Observations are the tool's JSON result; errors are `{"error": ...}` with
+`Observation.error` set. The episode is won when an order of the requested product, in the requested
+quantity, is shipped; `finish()` ends it as it stands.
+
+Every task is a seed (train 0-59, dev 100-119, test 200-219); from the seed, deterministically:
+the product and quantity asked for; in some tasks one tool answers "503 service unavailable" the
+first time it is called (nothing happens; the same call then succeeds); in some tasks the first
+variant of the product sells out between `check_stock` and `order`, so another variant must be ordered.
+`expert_plan()` is the fixed path through all of that, retry and substitute included.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+from simplan.data.format import parse_tool_call
+from simplan.envs.base import Action, EnvDefaults, Observation, StepResult, Task
+
+FOLD_SEEDS = {"train": range(0, 60), "dev": range(100, 120), "test": range(200, 220)}
+CATALOG: dict[str, dict[str, list[str]]] = {  # family -> product -> variants (the items you can order)
+    "kitchen": {"kettle": ["kettle-steel", "kettle-glass"], "teapot": ["teapot-clay", "teapot-iron"]},
+    "outdoor": {"tent": ["tent-2p", "tent-4p"], "lantern": ["lantern-led", "lantern-gas"]},
+    "office": {"stapler": ["stapler-mini", "stapler-heavy"], "lamp": ["lamp-desk", "lamp-clip"]},
+}
+FLAKY_TOOLS = (None, "search", "check_stock", "order", "ship")
+SERVICE_UNAVAILABLE = "503 service unavailable: try again"
+
+
+def _param(kind: str, text: str) -> dict[str, str]:
+    return {"type": kind, "description": text}
+
+
+TOOLS: list[dict[str, Any]] = [
+    {"name": "search", "description": "Find items for sale whose name matches a word.",
+     "parameters": {"type": "object", "properties": {"query": _param("string", "a product word, e.g. 'kettle'")},
+                    "required": ["query"]}},
+    {"name": "check_stock", "description": "How many of an item are in stock.",
+     "parameters": {"type": "object", "properties": {"item": _param("string", "an item name from search")},
+                    "required": ["item"]}},
+    {"name": "order", "description": "Order qty of an item; returns an order id.",
+     "parameters": {"type": "object", "properties": {"item": _param("string", "an item name from search"),
+                                                     "qty": _param("integer", "how many")},
+                    "required": ["item", "qty"]}},
+    {"name": "ship", "description": "Ship an order.",
+     "parameters": {"type": "object", "properties": {"order_id": _param("string", "the id order returned")},
+                    "required": ["order_id"]}},
+    {"name": "finish", "description": "End the session.", "parameters": {"type": "object", "properties": {}}},
+]  # fmt: skip
+TOOL_NAMES = [t["name"] for t in TOOLS]
+
+
+def scenario(seed: int) -> dict[str, Any]:
+    """What a seed decides: family, product, quantity, the flaky tool (or None), and a sell-out."""
+    rng = random.Random(f"simplan-shop:{seed}")
+    family = rng.choice(sorted(CATALOG))
+    product = rng.choice(sorted(CATALOG[family]))
+    return {
+        "family": family,
+        "product": product,
+        "qty": rng.randint(1, 3),
+        "flaky": rng.choice(FLAKY_TOOLS),  # 4 of 5 tasks have one 503
+        "sellout": rng.random() < 0.4,
+    }
+
+
+class ShopEnv(EnvDefaults):
+    """A tool-calling shop: search, check_stock, order, ship; transient 503s and items that sell out."""
+
+    name = "shop"
+    families = tuple(sorted(CATALOG))
+    error_patterns = (r'"error"',)
+
+    def __init__(self) -> None:
+        self._task: Task | None = None
+
+    def tasks(self, fold: str, families: list[str] | None = None, limit: int | None = None) -> list[Task]:
+        if fold not in FOLD_SEEDS:
+            raise ValueError(f"fold {fold!r}: expected one of {sorted(FOLD_SEEDS)}")
+        out = []
+        for seed in FOLD_SEEDS[fold]:
+            family = scenario(seed)["family"]
+            if not families or family in families:
+                out.append(Task(self.name, f"shop-{seed}", fold, family, {"seed": seed}))
+        return out[:limit] if limit is not None else out
+
+    def reset(self, task: Task) -> Observation:
+        self._task, self._s = task, scenario(int(task.params["seed"]))
+        variants = CATALOG[self._s["family"]][self._s["product"]]
+        self._stock = {item: 5 for items in CATALOG.values() for v in items.values() for item in v}
+        self._stock[variants[0]] = max(self._s["qty"], 2)
+        self._checked: set[str] = set()
+        self._orders: dict[str, dict[str, Any]] = {}
+        self._failed_once = False
+        self._done = self._won = False
+        self._goal = f"Order {self._s['qty']} {self._s['product']}(s) of any kind and have the order shipped."
+        return Observation(text=f"User: {self._goal}", goal=self._goal, tools=TOOLS)
+
+    def step(self, action: Action) -> StepResult:
+        if self._task is None:
+            raise RuntimeError("ShopEnv.step called before reset")
+        if self._done:
+            return self._result({"error": "the session is over"}, error=True)
+        if action.kind == "finish":
+            self._done = True
+            return self._result({"finished": True, "shipped": self._won})
+        if action.kind != "tool_call" or action.name not in TOOL_NAMES:
+            return self._result({"error": f"unknown tool {action.key()!r}; tools: {', '.join(TOOL_NAMES)}"}, True)
+        if action.name == self._s["flaky"] and not self._failed_once:
+            self._failed_once = True  # the service is down for exactly this one call
+            return self._result({"error": SERVICE_UNAVAILABLE}, error=True)
+        try:
+            result = getattr(self, f"_{action.name}")(**action.arguments)
+        except TypeError as e:  # missing or unknown arguments
+            return self._result({"error": f"{action.name}: {e}"}, error=True)
+        return self._result(result, error="error" in result)
+
+    def _search(self, query: str) -> dict[str, Any]:
+        q = str(query).strip().lower()
+        hits = [item for items in CATALOG.values() for v in items.values() for item in v if q and q in item]
+        return {"items": hits}
+
+    def _check_stock(self, item: str) -> dict[str, Any]:
+        if item not in self._stock:
+            return {"error": f"no item {item!r}; use search"}
+        in_stock = self._stock[item]
+        first = CATALOG[self._s["family"]][self._s["product"]][0]
+        if self._s["sellout"] and item == first and item not in self._checked:
+            self._stock[item] = 0  # another buyer takes them all right after this answer
+        self._checked.add(item)
+        return {"item": item, "in_stock": in_stock}
+
+    def _order(self, item: str, qty: int) -> dict[str, Any]:
+        if item not in self._stock:
+            return {"error": f"no item {item!r}; use search"}
+        if not isinstance(qty, int) or isinstance(qty, bool) or qty < 1:
+            return {"error": f"qty must be a positive integer, got {qty!r}"}
+        if self._stock[item] < qty:
+            return {"error": f"{item} sold out" if not self._stock[item] else f"only {self._stock[item]} in stock"}
+        self._stock[item] -= qty
+        order_id = f"A{len(self._orders) + 1:03d}"
+        self._orders[order_id] = {"item": item, "qty": qty, "shipped": False}
+        return {"order_id": order_id, "item": item, "qty": qty}
+
+    def _ship(self, order_id: str) -> dict[str, Any]:
+        order = self._orders.get(order_id)
+        if order is None or order["shipped"]:
+            return {"error": f"no open order {order_id!r}"}
+        order["shipped"] = True
+        variants = CATALOG[self._s["family"]][self._s["product"]]
+        self._won = order["item"] in variants and order["qty"] == self._s["qty"]
+        self._done = self._done or self._won
+        return {"order_id": order_id, "shipped": True}
+
+    def _result(self, result: dict[str, Any], error: bool = False) -> StepResult:
+        obs = Observation(text=json.dumps(result), goal=self._goal, tools=TOOLS, error=error)
+        score = 1.0 if self._won else 0.5 if self._orders else 0.0
+        return StepResult(obs, score=score, done=self._done, won=self._won, info={"tasksuccess": self._won})
+
+    def expert_plan(self) -> list[Action]:
+        """The fixed winning path from the reset state: the 503 retried, a sold-out variant replaced."""
+        s = self._s
+        first, second = CATALOG[s["family"]][s["product"]]
+        item = second if s["sellout"] else first
+        calls: list[tuple[str, dict[str, Any]]] = [("search", {"query": s["product"]})]
+        calls.append(("check_stock", {"item": first}))
+        if s["sellout"]:
+            calls += [("order", {"item": first, "qty": s["qty"]}), ("check_stock", {"item": second})]
+        calls += [("order", {"item": item, "qty": s["qty"]}), ("ship", {"order_id": "A001"})]
+        if s["flaky"] is not None:  # the first call to the flaky tool fails: repeat it
+            at = next(i for i, (name, _) in enumerate(calls) if name == s["flaky"])
+            calls.insert(at, calls[at])
+        return [Action.tool_call(name, args) for name, args in calls]
+
+    def parse_action(self, text: str) -> Action:
+        return parse_tool_call(text, allowed=TOOL_NAMES)
+
+    def close(self) -> None:
+        self._task = None
