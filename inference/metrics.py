@@ -20,6 +20,8 @@ deduplicated by id (the first finished trace wins). Definitions:
     calls/tokens_per_episode  model calls, prompt + completion tokens (scoring counts as prompt)
     tokens_per_success  all tokens / successes (None without a success)
     wall_per_episode    mean episode wall seconds; planning_share = sum planning s / sum wall s
+    wall_per_success    all wall seconds / successes (None without a success)
+    losses              lost episodes per loss class (inference/losses.py), classes with none left out
     sim_accuracy        sum exact predictions / sum predictions, over real steps that had one
 """
 
@@ -32,6 +34,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from simplan.inference.losses import LOSS_CLASSES, Loss, classify_loss
 from simplan.inference.trace import EpisodeSummary, EpisodeTrace, read_traces, summarize
 
 Z95 = 1.959963984540054
@@ -53,10 +56,11 @@ def wilson_interval(successes: int, n: int, z: float = Z95) -> tuple[float, floa
 
 @dataclass
 class EpisodeRecord:
-    """An episode's summary plus what the summary does not keep (replan reasons)."""
+    """An episode's summary plus what the summary does not keep (replan reasons, why it was lost)."""
 
     summary: EpisodeSummary
     replans_by_reason: dict[str, int] = field(default_factory=dict)
+    loss: Loss | None = None  # None for a won episode
 
 
 def episode_record(trace: EpisodeTrace) -> EpisodeRecord:
@@ -65,7 +69,7 @@ def episode_record(trace: EpisodeTrace) -> EpisodeRecord:
         for r in str(e.reason).split(","):
             if r:
                 reasons[r] += 1
-    return EpisodeRecord(summarize(trace), dict(sorted(reasons.items())))
+    return EpisodeRecord(summarize(trace), dict(sorted(reasons.items())), classify_loss(trace))
 
 
 def records_from_traces(traces: Iterable[EpisodeTrace]) -> list[EpisodeRecord]:
@@ -125,10 +129,12 @@ class GroupMetrics:
     tokens_per_episode: float = 0.0
     tokens_per_success: float | None = None
     wall_per_episode: float = 0.0
+    wall_per_success: float | None = None
     planning_share: float = 0.0
     sim_predictions: int = 0
     sim_exact: int = 0
     sim_accuracy: float | None = None
+    losses: dict[str, int] = field(default_factory=dict)  # loss class -> lost episodes
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -178,10 +184,13 @@ def group_metrics(arm: str, family: str, records: list[EpisodeRecord]) -> GroupM
     m.tokens_per_success = sum(s.total_tokens for s in ss) / m.successes if m.successes else None
     m.wall_per_episode = _mean([s.wall_seconds for s in ss])
     wall = sum(s.wall_seconds for s in ss)
+    m.wall_per_success = wall / m.successes if m.successes else None
     m.planning_share = sum(s.planning_seconds for s in ss) / wall if wall > 0 else 0.0
     m.sim_predictions = sum(s.sim_predictions for s in ss)
     m.sim_exact = sum(s.sim_exact for s in ss)
     m.sim_accuracy = m.sim_exact / m.sim_predictions if m.sim_predictions else None
+    lost = Counter(r.loss.label for r in records if r.loss is not None)
+    m.losses = {label: lost[label] for label in LOSS_CLASSES if lost[label]}
     return m
 
 

@@ -145,3 +145,15 @@ def test_unfinished_traces_are_not_counted() -> None:
     t = EpisodeTrace.start("toy/c/plan/0", "toy", {"task_id": "c"}, "plan")
     t.add(ActEvent(action="look", observation="o", won=True), step=1)
     assert records_from_traces([t]) == []
+
+
+def test_wall_per_success_and_loss_classes_per_arm() -> None:
+    extra = make_trace("toy/c/reactive/0", "reactive", "x", [{}, {"done": True, "score": -1.0}], False)
+    reactive, simplan = aggregate(records_from_traces(traces() + [extra]))
+    assert reactive.wall_per_success == (3.0 + 2.0 + 2.0) / 1  # all wall seconds over the one success
+    assert simplan.wall_per_success == (4.0 + 2.0) / 2
+    # episode a ended "failed" with the game still running; c's last action ended it unwon
+    assert reactive.losses == {"irreversible": 1, "other": 1}
+    assert simplan.losses == {}
+    fams = {(m.arm, m.family): m for m in aggregate(records_from_traces(traces() + [extra]), by_family=True)}
+    assert fams[("reactive", "x")].losses == {"irreversible": 1, "other": 1}
