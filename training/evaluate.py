@@ -457,7 +457,7 @@ def _choose_variants(
     """`--decode choices`: each variant's most likely valid action per row, through the planner's hf engine."""
     from tqdm.auto import tqdm
 
-    from simplan.inference.engine import GenerationRequest
+    from simplan.inference.engine import GenerationRequest, checked_generation
     from simplan.inference.engines.hf_peft import HFPeftEngine
 
     engine = HFPeftEngine(
@@ -479,7 +479,8 @@ def _choose_variants(
                 choices=list(r.get("valid_actions") or []) or None,  # none listed: free text, as the planner
                 max_tokens=max_new,
             )
-            (result,) = engine.generate([request])
+            # Checked and sanitized at the same engine boundary as the planner's (inference/engine.py).
+            (result,) = checked_generation(engine, [request], engine.generate([request]))
             preds.append(result.completions[0].text)
             stopped.append(result.completions[0].finish_reason == "stop")
         outputs[variant] = (preds, stopped, time.perf_counter() - started)
