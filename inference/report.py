@@ -6,8 +6,10 @@
 
 Reads each run's traces.jsonl (inference/metrics.py computes every metric from them), names the
 files with their size and SHA-256 so each number can be traced back, and writes:
-- report.md with tables (arms side by side across runs, success by game, pivot and replan reasons)
-  and plots/*.png next to it;
+- report.md with tables (arms side by side across runs; each pair of arms compared task by task:
+  the success difference with its paired bootstrap interval and the exact McNemar p-value,
+  inference/paired.py; success by game; lost episodes by loss class, inference/losses.py; pivot and
+  replan reasons) and plots/*.png next to it;
 - report.html, the same content with the plots embedded as base64 PNG (one file to share).
 Plots (matplotlib, Agg backend): success by arm and game (Wilson 95% intervals), tokens per
 episode versus success, and pivot reasons by rule.
@@ -26,7 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from simplan.data.io import atomic_open, write_text
+from simplan.inference.losses import LOSS_CLASSES, LOSS_LABELS
 from simplan.inference.metrics import EpisodeRecord, GroupMetrics, aggregate, load_run, trace_files
+from simplan.inference.paired import PairedComparison, compare_all
 
 
 @dataclass
@@ -128,6 +132,7 @@ ARM_HEADER = [
     "tokens/ep",
     "tokens/success",
     "wall s/ep",
+    "wall s/success",
     "planning share",
     "sim accuracy",
 ]
@@ -153,6 +158,7 @@ def arm_row(run: str, m: GroupMetrics) -> list[str]:
         num(m.tokens_per_episode, 0),
         num(m.tokens_per_success, 0),
         num(m.wall_per_episode),
+        num(m.wall_per_success),
         pct(m.planning_share),
         sim,
     ]
@@ -168,6 +174,78 @@ def arms_table(runs: list[RunData]) -> Table:
         "tokens = prompt + completion (scored candidates count as prompt tokens); planning share = "
         "planning seconds / wall seconds; sim accuracy = exact predictions / predicted real steps.",
     )
+
+
+def signed_pct(x: float) -> str:
+    return f"{100 * x:+.1f}"
+
+
+def paired_row(run: str, c: PairedComparison) -> list[str]:
+    def per_success(a: float | None, b: float | None, digits: int) -> str:
+        return f"{num(a, digits)} -> {num(b, digits)}"
+
+    return [
+        run,
+        f"{c.arm_b} - {c.arm_a}",
+        str(c.pairs) + (f" ({c.unpaired} unpaired left out)" if c.unpaired else ""),
+        f"{c.a_successes} -> {c.b_successes}",
+        f"{c.a_only} / {c.b_only}",
+        f"{signed_pct(c.difference)} [{signed_pct(c.ci_low)}, {signed_pct(c.ci_high)}]",
+        f"{c.p_value:.3g}",
+        per_success(c.a_cost.tokens_per_success, c.b_cost.tokens_per_success, 0),
+        per_success(c.a_cost.wall_per_success, c.b_cost.wall_per_success, 2),
+    ]
+
+
+def paired_table(runs: list[RunData]) -> Table:
+    rows = [paired_row(r.name, c) for r in runs for c in compare_all(r.records)]
+    return Table(
+        "Paired differences between arms (same tasks)",
+        [
+            "run",
+            "arms (B - A)",
+            "pairs",
+            "successes A -> B",
+            "won by A only / B only",
+            "success diff, points [95% paired bootstrap]",
+            "McNemar p (exact)",
+            "tokens/success A -> B",
+            "wall s/success A -> B",
+        ],
+        rows or [["-"] * 9],
+        "Each pair is one task (and repeat) run by both arms; only such episodes count here. The difference is "
+        "B's success rate minus A's in percentage points, its interval a percentile bootstrap of 10,000 seeded "
+        "resamples of the pairs; the McNemar p-value is the two-sided exact binomial test on the tasks only one "
+        "arm won. Tokens and wall seconds per success are over the paired episodes.",
+    )
+
+
+def loss_table(runs: list[RunData]) -> Table:
+    rows = []
+    for r in runs:
+        for m in r.arms:
+            lost = m.episodes - m.successes
+            rows.append([r.name, m.arm, f"{lost}/{m.episodes}"] + [str(m.losses.get(c, 0)) for c in LOSS_CLASSES])
+    return Table(
+        "Lost episodes by cause (from the traces)",
+        ["run", "arm", "lost"] + [LOSS_LABELS[c] for c in LOSS_CLASSES],
+        rows,
+        "Each lost episode counts once, in the first class that applies (inference/losses.py): env error "
+        "(status errored); irreversible wrong action (the last action ended the game unwon); parse failures "
+        "(decider unparseable at least once per two steps); loop / no progress (ended by the step or replan "
+        "budget with half the steps repeating or half the pivots repeated_action / no_progress); step cap "
+        "(the step budget otherwise); time/token/replan budget; other.",
+    )
+
+
+def lost_episodes_table(runs: list[RunData]) -> Table:
+    rows = [
+        [r.name, rec.loss.arm, rec.loss.family, rec.loss.episode_id, LOSS_LABELS[rec.loss.label], rec.loss.evidence]
+        for r in runs
+        for rec in r.records
+        if rec.loss is not None
+    ]
+    return Table("Lost episodes", ["run", "arm", "game", "episode", "cause", "evidence"], rows or [["-"] * 6])
 
 
 def family_tables(run: RunData) -> list[Table]:
@@ -399,13 +477,15 @@ def write_report(run_dirs: list[str | Path], out_dir: str | Path, title: str = "
     empty = [str(r.path) for r in runs if not r.records]
     if len(empty) == len(runs):
         raise ValueError(f"write_report: no finished episode in {', '.join(empty)}; run `simplan eval` first")
-    tables = [files_table(runs), arms_table(runs)]
-    for r in runs:
-        tables += family_tables(r)
-    tables.append(reasons_table(runs))
+    by_game = [family_tables(r) for r in runs]
+    main = [files_table(runs), arms_table(runs), paired_table(runs)]
+    main += [success for success, _ in by_game]
+    main.append(loss_table(runs))
+    details = [detail for _, detail in by_game]
+    details += [reasons_table(runs), lost_episodes_table(runs)]
     inv = invocations_table(runs)
     if inv is not None:
-        tables.append(inv)
+        details.append(inv)
 
     plots: list[tuple[str, str, bytes]] = [(name, caption, fn(runs)) for name, caption, fn in PLOTS]
     plot_paths = []
@@ -419,15 +499,15 @@ def write_report(run_dirs: list[str | Path], out_dir: str | Path, title: str = "
     intro = (
         f"Generated {stamp} by `simplan report` from {len(runs)} run(s). Every metric is computed from the "
         "trace files listed below (inference/metrics.py over inference/trace.summarize); episodes are "
-        "deduplicated by episode id. Success intervals are Wilson 95%."
+        "deduplicated by episode id. Success intervals are Wilson 95%; arms are compared task by task "
+        "(exact McNemar test, paired bootstrap interval)."
     )
     md = [f"# {title}", "", intro, ""]
-    md.append(tables[0].markdown())
-    md.append(tables[1].markdown())
+    md += [t.markdown() for t in main]
     md += ["## Plots", ""]
     md += [f"![{caption}](plots/{name}.png)\n" for name, caption, _ in plots]
     md += ["## Details", ""]
-    md += [t.markdown() for t in tables[2:]]
+    md += [t.markdown() for t in details]
     md_path = out / "report.md"
     write_text(md_path, "\n".join(md))
 
@@ -438,10 +518,9 @@ def write_report(run_dirs: list[str | Path], out_dir: str | Path, title: str = "
     )
     body = (
         f"<h1>{html.escape(title)}</h1><p>{html.escape(intro)}</p>"
-        + tables[0].html()
-        + tables[1].html()
+        + "".join(t.html() for t in main)
         + f"<h2>Plots</h2>{imgs}<h2>Details</h2>"
-        + "".join(t.html() for t in tables[2:])
+        + "".join(t.html() for t in details)
     )
     html_path = out / "report.html"
     write_text(

@@ -6,7 +6,7 @@ import base64
 import re
 
 import pytest
-from test_metrics import traces  # pytest puts tests/ on sys.path (rootdir-relative imports)
+from test_metrics import make_trace, traces  # pytest puts tests/ on sys.path (rootdir-relative imports)
 
 from simplan.inference.metrics import aggregate, load_run
 from simplan.inference.report import pct, write_report
@@ -61,3 +61,37 @@ def test_report_refuses_empty_runs(tmp_path) -> None:
     with pytest.raises(ValueError, match="no finished episode"):
         write_report([tmp_path / "empty"], tmp_path / "out")
     assert report_main([str(tmp_path / "missing"), "--out", str(tmp_path / "o")]) == 2
+
+
+def test_report_pairs_arms_and_classifies_losses(tmp_path) -> None:
+    # 10 tasks: simplan alone wins 8, reactive alone wins 2 -> difference +60 points, McNemar p = 0.109375
+    # (2 * (C(10,0) + C(10,1) + C(10,2)) / 2^10); reactive's 8 losses end on a game-ending wrong action.
+    run = tmp_path / "paired"
+    for i in range(10):
+        fam = "sorting" if i < 5 else "coin"
+        reactive_wins = i < 2
+        lost_act = [{}] if reactive_wins else [{"done": True, "score": -1.0}]
+        for arm, won, acts in (("reactive", reactive_wins, lost_act), ("simplan", not reactive_wins, [{}, {}])):
+            trace = make_trace(f"s/t{i}/{arm}/0", arm, fam, acts, won, tokens=(90, 10), wall=2.0)
+            append_trace(run / "traces.jsonl", trace)
+    md = write_report([run], tmp_path / "report")["md"].read_text()
+    main = md.split("## Plots")[0]
+    row = next(line for line in main.splitlines() if line.startswith("| paired | simplan - reactive |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[2:5] == ["10", "2 -> 8", "2 / 8"]
+    assert cells[5].startswith("+60.0 [") and cells[6] == "0.109"
+    low, high = (float(x) for x in cells[5].split("[")[1].rstrip("]").split(","))
+    # A resample of the 10 pairs holds k ~ Binomial(10, 0.2) of reactive's wins and differs by 10 * (10 - 2k) points:
+    # P[k >= 5] = 3.3% and P[k >= 6] = 0.6% put the 2.5% quantile at k = 5 (0 points); P[k = 0] = 10.7% puts the
+    # 97.5% quantile at +100. The interval touches 0, as McNemar's p > 0.05 says.
+    assert (low, high) == (0.0, 100.0)
+    assert cells[7] == "500 -> 125" and cells[8] == "10.00 -> 2.50"  # 10 x 100 tokens / 2 wins, / 8 wins
+    # per game breakdown (main section) and the loss table: 8 irreversible reactive losses, 2 simplan "other"
+    assert "| sorting | 40.0% (2/5) | 60.0% (3/5) |" in main and "| coin | 0.0% (0/5) | 100.0% (5/5) |" in main
+    header = next(line for line in main.splitlines() if line.startswith("| run | arm | lost |"))
+    assert "irreversible wrong action" in header and "loop / no progress" in header
+    assert "| paired | reactive | 8/10 | 8 | 0 | 0 | 0 | 0 | 0 | 0 |" in main
+    assert "| paired | simplan | 2/10 | 0 | 0 | 0 | 0 | 0 | 0 | 2 |" in main
+    # each lost episode is listed with its evidence in the details
+    listed = "| paired | reactive | coin | s/t9/reactive/0 | irreversible wrong action | step 1 'look' ended the game"
+    assert listed in md.split("## Details")[1]
