@@ -133,21 +133,24 @@ class Suite:
             "name": self.name,
             "description": self.description,
             "path": self.path,
-            "entries": [
-                {
-                    "env": e.env,
-                    "fold": e.fold,
-                    "families": e.families,
-                    "tasks_per_family": e.tasks_per_family,
-                    "task_ids": e.task_ids,
-                    "max_steps": e.max_steps,
-                    "step_cap": e.step_cap.to_dict() if e.step_cap else None,
-                    "env_kwargs": e.env_kwargs,
-                    "faults": e.faults.to_dict(),
-                }
-                for e in self.entries
-            ],
+            "entries": [_entry_dict(e) for e in self.entries],
         }
+
+
+def _entry_dict(e: SuiteEntry) -> dict[str, Any]:
+    d = {
+        "env": e.env,
+        "fold": e.fold,
+        "families": e.families,
+        "tasks_per_family": e.tasks_per_family,
+        "task_ids": e.task_ids,
+        "max_steps": e.max_steps,
+        "env_kwargs": e.env_kwargs,
+        "faults": e.faults.to_dict(),
+    }
+    if e.step_cap is not None:  # only when set: run folders of flat-cap suites written before step_cap still resume
+        d["step_cap"] = e.step_cap.to_dict()
+    return d
 
 
 def suites_dir() -> Path:

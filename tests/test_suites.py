@@ -91,3 +91,11 @@ def test_a_task_without_an_expert_plan_keeps_the_flat_cap() -> None:
     tasks = [Task(env="toy", task_id="corridor-100", fold="dev", family="corridor", params={"seed": 100})]
     with pytest.warns(UserWarning, match="toy/corridor-100: no expert plan .*no gold path"):
         assert task_step_caps(entry, tasks, NoExpertEnv()) == {"corridor-100": 9}
+
+
+def test_flat_cap_suites_keep_their_recorded_identity(tmp_path) -> None:
+    # eval_config.json of runs made before step_cap existed holds entries without the key: they must still resume
+    flat = load_suite(_suite(tmp_path, "")).to_dict()["entries"][0]
+    assert "step_cap" not in flat and flat["max_steps"] == 7
+    capped = load_suite(_suite(tmp_path, "step_cap: {factor: 2, plus: 10}")).to_dict()["entries"][0]
+    assert capped["step_cap"] == {"factor": 2, "plus": 10}

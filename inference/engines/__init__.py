@@ -7,7 +7,7 @@
     engine = make_engine("openai", model, adapters, base_url="http://127.0.0.1:8000/v1")   # simplan serve
 
 Backends import their heavy dependencies lazily, so importing this package is cheap. Measured on
-2 CPU cores (PLATFORM.md, bench/bench_engines.py): with LoRA, transformers+peft is faster than vLLM
+2 CPU cores (docs/serving-and-engines.md, bench/bench_engines.py): with LoRA, transformers+peft is faster than vLLM
 on the CPU; on a GPU vLLM is much faster. Choose per platform.
 """
 
