@@ -352,7 +352,7 @@ def default_rules(
     budget_fraction: float = 0.9,
     error_patterns: Sequence[re.Pattern[str]] | None = None,
 ) -> list[PivotRule]:
-    """The six rules of DESIGN.md with their default severities."""
+    """The six monitor rules (docs/architecture.md) with their default severities."""
     return [
         ErrorObservation(patterns=error_patterns),
         ExpectationMismatch(threshold=mismatch_threshold, method=similarity_method),

