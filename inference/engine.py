@@ -7,7 +7,15 @@ tests is just another implementation.
     results = engine.generate([GenerationRequest(adapter="decider", messages=msgs, n=4, temperature=0.8)])
     scores = engine.score([ScoreRequest(adapter="decider", messages=msgs, candidates=["go east", "look"])])
 
-Every result carries its own token counts and seconds, so callers account cost per episode.
+Every result carries its own token counts and seconds, so callers account cost per episode;
+`cached_tokens` is the part of `prompt_tokens` the backend reused from an earlier call instead of
+prefilling it (vLLM's prefix cache, the hf backend's per-session prefix cache).
+
+Sessions: a request may name its `session` (the planner uses the episode id). A backend that keeps
+per-session state (the hf prefix cache) implements `SessionEngine.end_session`, which frees it;
+`MeteredEngine` stamps its session on every request and forwards `end_session` where the backend has it.
+A session is a hint for reuse, never for correctness: a cached prefix is used only where the new
+prompt's tokens start with it.
 Constrained decoding: `choices` (output is exactly one of them), `regex`, or `json_schema`; a
 backend that cannot honour one raises `NotImplementedError` naming the backend and the option.
 
@@ -45,6 +53,7 @@ class GenerationRequest:
     json_schema: dict[str, Any] | None = None
     seed: int | None = None
     tag: str = ""  # caller's label (e.g. "decide", "simulate") for accounting
+    session: str | None = None  # the caller's episode: backends may reuse its earlier prompts' prefill
 
     def __post_init__(self) -> None:
         if (self.messages is None) == (self.prompt is None):
@@ -72,6 +81,7 @@ class GenerationResult:
     prompt_tokens: int
     completion_tokens: int
     seconds: float  # this request's share of the batch's wall time
+    cached_tokens: int = 0  # of prompt_tokens, those reused from an earlier call (not prefilled again)
 
 
 @dataclass
@@ -83,6 +93,7 @@ class ScoreRequest:
     messages: Messages | None = None
     prompt: str | None = None
     tag: str = ""
+    session: str | None = None  # as GenerationRequest.session
 
     def __post_init__(self) -> None:
         if (self.messages is None) == (self.prompt is None):
@@ -97,6 +108,7 @@ class ScoreResult:
     num_tokens: list[int]
     prompt_tokens: int
     seconds: float
+    cached_tokens: int = 0  # of prompt_tokens, those reused from an earlier call (not prefilled again)
 
 
 @dataclass
@@ -106,6 +118,7 @@ class EngineUsage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     seconds: float = 0.0
+    cached_tokens: int = 0  # of prompt_tokens, those reused instead of prefilled
 
     def add(self, other: EngineUsage) -> None:
         self.calls += other.calls
@@ -113,6 +126,7 @@ class EngineUsage:
         self.prompt_tokens += other.prompt_tokens
         self.completion_tokens += other.completion_tokens
         self.seconds += other.seconds
+        self.cached_tokens += other.cached_tokens
 
 
 @runtime_checkable
@@ -127,6 +141,17 @@ class Engine(Protocol):
     def score(self, requests: list[ScoreRequest]) -> list[ScoreResult]: ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class SessionEngine(Protocol):
+    """The optional hook of a backend that keeps state per request session (the hf prefix cache).
+
+    Backends without it need nothing: `MeteredEngine.end_session` calls it only where it exists."""
+
+    def end_session(self, session: str) -> None:
+        """Free what the backend keeps for `session` (a session never seen is not an error)."""
+        ...
 
 
 # ---------------------------------------------------------------------------------------------
@@ -229,18 +254,24 @@ def checked_scores(engine: Any, requests: list[ScoreRequest], results: list[Scor
 
 class MeteredEngine:
     """An engine that counts the calls, tokens and seconds passing through it; scoring tokens count as
-    prompt tokens. The planner wraps the (possibly shared) engine in one per episode.
+    prompt tokens, and `cached_tokens` counts the prompt tokens the backend reused. The planner wraps the
+    (possibly shared) engine in one per episode, with the episode id as `session`: every request without
+    a session gets it, and `end_session()` frees the backend's state for it.
 
     It is also the boundary where model output enters the planner: results are checked against the
     protocol (EngineContractError) and completion texts sanitized (`sanitize_text`, `max_text_chars`)."""
 
-    def __init__(self, engine: Engine, max_text_chars: int = DEFAULT_MAX_TEXT_CHARS) -> None:
+    def __init__(
+        self, engine: Engine, max_text_chars: int = DEFAULT_MAX_TEXT_CHARS, session: str | None = None
+    ) -> None:
         if max_text_chars < 1:
             raise ValueError(f"MeteredEngine.max_text_chars: must be >= 1, got {max_text_chars}")
         self.engine = engine
         self.max_text_chars = max_text_chars
+        self.session = session
         self.calls = 0
         self.prompt_tokens = 0
+        self.cached_tokens = 0
         self.completion_tokens = 0
         self.seconds = 0.0
 
@@ -249,20 +280,34 @@ class MeteredEngine:
         return self.prompt_tokens + self.completion_tokens
 
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        requests = self._in_session(requests)
         t0 = time.perf_counter()
         results = self.engine.generate(requests)
         self.seconds += time.perf_counter() - t0
         self.calls += 1
         results = checked_generation(self.engine, requests, results, self.max_text_chars)
         self.prompt_tokens += sum(r.prompt_tokens for r in results)
+        self.cached_tokens += sum(r.cached_tokens for r in results)
         self.completion_tokens += sum(r.completion_tokens for r in results)
         return results
 
     def score(self, requests: list[ScoreRequest]) -> list[ScoreResult]:
+        requests = self._in_session(requests)
         t0 = time.perf_counter()
         results = self.engine.score(requests)
         self.seconds += time.perf_counter() - t0
         self.calls += 1
         results = checked_scores(self.engine, requests, results)
         self.prompt_tokens += sum(r.prompt_tokens + sum(r.num_tokens) for r in results)
+        self.cached_tokens += sum(r.cached_tokens for r in results)
         return results
+
+    def _in_session(self, requests: list[Any]) -> list[Any]:
+        if self.session is None:
+            return requests
+        return [r if r.session is not None else dataclasses.replace(r, session=self.session) for r in requests]
+
+    def end_session(self) -> None:
+        """Free the backend's state for this meter's session (no-op without a session or the hook)."""
+        if self.session is not None and isinstance(self.engine, SessionEngine):
+            self.engine.end_session(self.session)

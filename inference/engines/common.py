@@ -119,7 +119,8 @@ def account(usage: EngineUsage, results: Sequence[GenerationResult | ScoreResult
     """Add one batched call to the running totals."""
     prompt = sum(r.prompt_tokens for r in results)
     completion = sum(r.completion_tokens for r in results if isinstance(r, GenerationResult))
-    usage.add(EngineUsage(1, len(results), prompt, completion, sec))
+    cached = sum(r.cached_tokens for r in results)
+    usage.add(EngineUsage(1, len(results), prompt, completion, sec, cached_tokens=cached))
 
 
 @contextmanager

@@ -11,14 +11,39 @@ the model and the best one taken, or n are sampled from the choices' distributio
 `json_schema` go through xgrammar (the grammar engine vLLM uses, installed with it) as a logits
 processor, compiled once per pattern; JSON is generated compact (no free whitespace). Without
 xgrammar they raise NotImplementedError naming what to install.
+
+Prefix cache (`prefix_cache_sessions`, default 16; 0 turns it off). The planner's conversation prompts
+grow by one turn per step and every rollout branch of a step extends the same prompt, so most of a
+prompt was already prefilled by the session's previous call. Per live session (the request's
+`session`, the episode id) and adapter (the keys and values depend on the LoRA), the engine keeps the
+KV cache (a transformers DynamicCache) of the session's latest prompt; a new prompt prefills only the
+tokens after its longest common prefix with it (cropping the cache where the prompts diverge), and its
+cache replaces the old one. Sessions are evicted least-recently used beyond `prefix_cache_sessions`,
+and freed by `end_session` (the planner calls it when an episode ends). The rule under batching:
+
+- generate: when any request of a batch has a session, each prompt is prefilled alone from its own
+  session's cache (cold for a request without one), the rows' caches less their last token are
+  stacked left-padded into one batch cache, and the batch decodes together as before (generate then
+  runs only each prompt's last token again). Batches mixing sessions are thus served exactly; a
+  batch without sessions takes the old one-call path.
+- score (shared_prefix_scoring): each request's prompt pass already runs alone; it prefills from the
+  session's cache, then the candidates' token trie runs on it and is cropped off again. Scoring
+  without shared prefixes does not use the cache.
+
+Memory: one cache per (session, adapter), about 46 KB per token for SmolLM2-135M in fp32 (30 layers x
+keys and values x 3 KV heads x 64), so 16 sessions x 2 adapters x 600 tokens is ~0.9 GB (half in
+bf16). Models whose cache is not a plain DynamicCache (sliding windows) run without it. Results
+report `cached_tokens`: the prompt tokens reused instead of prefilled.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-from collections import defaultdict
+import threading
+from collections import OrderedDict, defaultdict
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from simplan.inference.engine import (
@@ -44,6 +69,52 @@ BACKEND = "hf"
 TRIE_CANDIDATES = 256  # candidates scored in one token tree over a shared prompt (bounds its logits' memory)
 
 
+@dataclass
+class _Prefix:
+    tokens: list[int]  # the prompt tokens whose keys and values `kv` holds
+    kv: Any  # transformers DynamicCache of batch size 1
+
+
+class PrefixCache:
+    """Per session and adapter, the KV cache of the session's latest prompt; least-recently used sessions
+    are evicted beyond `sessions`. Thread-safe (episode threads end sessions while a batching thread runs)."""
+
+    def __init__(self, sessions: int) -> None:
+        self.sessions = sessions
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[str, dict[str | None, _Prefix]] = OrderedDict()
+
+    def take(self, session: str, adapter: str | None) -> _Prefix | None:
+        """Remove and return the session's prefix for `adapter`: the caller extends its cache in place and
+        `put`s it back, so no other call can see it half-updated."""
+        with self._lock:
+            entry = self._entries.get(session)
+            return entry.pop(adapter, None) if entry is not None else None
+
+    def put(self, session: str, adapter: str | None, prefix: _Prefix) -> None:
+        with self._lock:
+            self._entries.setdefault(session, {})[adapter] = prefix
+            self._entries.move_to_end(session)
+            while len(self._entries) > self.sessions:
+                self._entries.popitem(last=False)
+
+    def end(self, session: str) -> None:
+        with self._lock:
+            self._entries.pop(session, None)
+
+    def tokens(self, session: str) -> dict[str | None, int]:
+        """Cached prompt tokens per adapter of `session` (empty when it holds nothing)."""
+        with self._lock:
+            return {a: len(p.tokens) for a, p in self._entries.get(session, {}).items()}
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
 class HFPeftEngine:
     """Engine protocol over transformers + peft (see the module docstring)."""
 
@@ -56,12 +127,17 @@ class HFPeftEngine:
         batch_size: int = 16,
         shared_prefix_scoring: bool = True,
         device: str = "auto",
+        prefix_cache_sessions: int = 16,
     ) -> None:
         import torch
         from transformers import AutoModelForCausalLM
 
         from simplan.training.models import load_tokenizer, pick_device, resolve_model
 
+        if prefix_cache_sessions < 0:
+            raise ValueError(
+                f"HFPeftEngine.prefix_cache_sessions: must be >= 0 (0 turns it off), got {prefix_cache_sessions}"
+            )
         if threads is not None:
             # OpenMP threads spin: more threads than free cores slows everything on a shared CPU.
             torch.set_num_threads(threads)
@@ -89,6 +165,14 @@ class HFPeftEngine:
         self._grammar_compiler: Any = None
         self.eos_id = self.tokenizer.eos_token_id
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_id
+        self.config = base.config
+        plain = _plain_dynamic_cache(base.config)
+        self.prefixes = PrefixCache(prefix_cache_sessions) if prefix_cache_sessions > 0 and plain else None
+
+    def end_session(self, session: str) -> None:
+        """Free the session's cached prefixes (the planner calls it when an episode ends)."""
+        if self.prefixes is not None:
+            self.prefixes.end(session)
 
     # ------------------------------------------------------------------ adapters
     @contextlib.contextmanager
@@ -195,21 +279,26 @@ class HFPeftEngine:
             return_dict_in_generate=True,
             output_logits=r0.logprobs,
         )
-        if r0.seed is not None:
-            torch.manual_seed(r0.seed)
         grammar = self._grammar(r0)
         processors = None
         if grammar is not None:
             from xgrammar.contrib.hf import LogitsProcessor
 
             processors = [LogitsProcessor(grammar)]  # single use: one per generate call
+        reused = [0] * len(reqs)
         with self._use(r0.adapter), torch.inference_mode():
+            cache: dict[str, Any] = {}
+            if self.prefixes is not None and any(r.session for r in reqs) and min(len(p) for p in prompts) > 1:
+                cache["past_key_values"], reused = self._stacked_prefill(reqs, prompts)
+            if r0.seed is not None:
+                torch.manual_seed(r0.seed)
             out = self.model.generate(
                 input_ids=ids,
                 attention_mask=mask,
                 generation_config=gen,
                 tokenizer=self.tokenizer if r0.stop else None,
                 logits_processor=processors,
+                **cache,
             )
         new = out.sequences[:, ids.shape[1] :].tolist()
         logps = None
@@ -232,8 +321,71 @@ class HFPeftEngine:
                         text=text, num_tokens=len(tokens), finish_reason=reason, logprob=lp, token_ids=list(tokens)
                     )
                 )
-            results.append(GenerationResult(comps, len(prompts[i]), sum(c.num_tokens for c in comps), 0.0))
+            results.append(GenerationResult(comps, len(prompts[i]), sum(c.num_tokens for c in comps), 0.0, reused[i]))
         return results
+
+    # ------------------------------------------------------------------ prefix cache
+    def _prefill(
+        self, session: str | None, adapter: str | None, ids: list[int], need_logits: bool
+    ) -> tuple[Any, Any, int]:
+        """(KV cache of `ids`, logits after its last token or None, tokens reused from the session's cache).
+
+        Runs under the caller's adapter and inference mode. Only the tokens after the longest common prefix
+        with the session's cached prompt run (at least one when `need_logits`); the result becomes the
+        session's cached prompt for `adapter`."""
+        from transformers import DynamicCache
+
+        torch = self.torch
+        prefix = self.prefixes.take(session, adapter) if self.prefixes is not None and session else None
+        reuse = 0
+        if prefix is not None:
+            reuse = _common_prefix(prefix.tokens, ids)
+            if need_logits:
+                reuse = min(reuse, len(ids) - 1)
+        if reuse > 0:
+            kv = prefix.kv
+            _crop(kv, reuse)
+        else:
+            kv = DynamicCache(config=self.config)
+        logits = None
+        if len(ids) > reuse:
+            out = self.model(
+                input_ids=torch.tensor([ids[reuse:]], device=self.device),
+                past_key_values=kv,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            kv, logits = out.past_key_values, out.logits[0, -1]
+        if self.prefixes is not None and session:
+            self.prefixes.put(session, adapter, _Prefix(list(ids), kv))
+        return kv, logits, reuse
+
+    def _stacked_prefill(self, reqs: list[GenerationRequest], prompts: list[list[int]]) -> tuple[Any, list[int]]:
+        """One batch cache for `generate`: every prompt prefilled alone (from its session's cached prefix, and
+        cached whole for the session's next call), then all but its last token (which generate runs to get
+        the first logits) left-padded to the batch's width as `_left_pad` pads the prompts (padding keys and
+        values are zeros, masked by the attention mask), each row repeated n times as generate repeats the
+        prompts for num_return_sequences. Returns (cache, tokens reused per request: at most all but one)."""
+        from transformers import DynamicCache
+
+        width = max(len(p) for p in prompts) - 1
+        rows, reused = [], []
+        for r, p in zip(reqs, prompts):
+            kv, _, k = self._prefill(r.session, r.adapter, p, need_logits=False)
+            rows.append(kv)
+            reused.append(min(k, len(p) - 1))
+        layers = []
+        for layer in range(len(rows[0].layers)):
+            stacked = []
+            for part in ("keys", "values"):
+                first = getattr(rows[0].layers[layer], part)
+                batch = first.new_zeros((len(rows), first.shape[1], width, first.shape[3]))
+                for i, (kv, p) in enumerate(zip(rows, prompts)):
+                    n = len(p) - 1
+                    batch[i, :, width - n :] = getattr(kv.layers[layer], part)[0, :, :n]
+                stacked.append(batch.repeat_interleave(reqs[0].n, dim=0))
+            layers.append((stacked[0], stacked[1]))
+        return DynamicCache(ddp_cache_data=layers), reused
 
     def _cut(self, tokens: list[int], stop: Sequence[str]) -> tuple[list[int], str]:
         """Generated tokens up to EOS (included) or up to the token that completed a stop string."""
@@ -253,7 +405,11 @@ class HFPeftEngine:
         torch = self.torch
         assert r.choices is not None
         (scored,) = self._score(
-            [ScoreRequest(candidates=r.choices, adapter=r.adapter, messages=r.messages, prompt=r.prompt)]
+            [
+                ScoreRequest(
+                    candidates=r.choices, adapter=r.adapter, messages=r.messages, prompt=r.prompt, session=r.session
+                )
+            ]
         )
         lp = torch.tensor(scored.logprobs, dtype=torch.float64)
         if r.temperature <= 0:
@@ -277,7 +433,9 @@ class HFPeftEngine:
             )
             for k in picks
         ]
-        return GenerationResult(comps, scored.prompt_tokens, sum(c.num_tokens for c in comps), 0.0)
+        return GenerationResult(
+            comps, scored.prompt_tokens, sum(c.num_tokens for c in comps), 0.0, scored.cached_tokens
+        )
 
     # ------------------------------------------------------------------ score
     def score(self, requests: list[ScoreRequest]) -> list[ScoreResult]:
@@ -293,6 +451,7 @@ class HFPeftEngine:
             check_adapter(r.adapter, self.adapters, BACKEND)
         rows, lengths = score_rows(self.tokenizer, requests)
         values = [0.0] * len(rows)
+        reused: dict[int, int] = {}  # request -> prompt tokens reused (its first trie chunk's prefill)
         by_adapter: dict[str | None, list[int]] = defaultdict(list)
         for k, row in enumerate(rows):
             by_adapter[requests[row.request].adapter].append(k)
@@ -302,10 +461,14 @@ class HFPeftEngine:
                     by_request: dict[int, list[int]] = defaultdict(list)
                     for k in idx:
                         by_request[rows[k].request].append(k)
-                    for ks in by_request.values():
+                    for i, ks in by_request.items():
                         for s in range(0, len(ks), TRIE_CANDIDATES):
                             chunk = ks[s : s + TRIE_CANDIDATES]
-                            for k, v in zip(chunk, self._shared_prefix_logprobs([rows[k] for k in chunk])):
+                            logprobs, k0 = self._shared_prefix_logprobs(
+                                [rows[k] for k in chunk], requests[i].session, adapter
+                            )
+                            reused.setdefault(i, k0)
+                            for k, v in zip(chunk, logprobs):
                                 values[k] = v
                     continue
                 idx.sort(key=lambda k: len(rows[k].ids))  # similar lengths together: less padding
@@ -313,16 +476,22 @@ class HFPeftEngine:
                     chunk = idx[s : s + self.batch_size]
                     for k, v in zip(chunk, self._row_logprobs([rows[k] for k in chunk])):
                         values[k] = v
-        return score_results(requests, rows, values, lengths, 0.0)
+        results = score_results(requests, rows, values, lengths, 0.0)
+        for i, k in reused.items():
+            results[i].cached_tokens = k
+        return results
 
-    def _shared_prefix_logprobs(self, rows: list[ScoreRow]) -> list[float]:
+    def _shared_prefix_logprobs(
+        self, rows: list[ScoreRow], session: str | None = None, adapter: str | None = None
+    ) -> tuple[list[float], int]:
         """Like `_row_logprobs` for rows that share one prompt: the prompt runs once, then every
         candidate's tokens run together as one token tree (a trie: a prefix shared by several candidates,
         like `put key in`, is computed once) in a single forward pass over the prompt's KV cache, each
         token attending to the prompt and its own ancestors only.
 
         Scoring K valid actions after a ~600-token prompt then costs one prompt pass plus the trie's few
-        dozen tokens instead of K x 600: the planner's main cost on the CPU.
+        dozen tokens instead of K x 600: the planner's main cost on the CPU. The prompt pass prefills from
+        the session's cached prefix (`_prefill`, under the caller's adapter); returns (logprobs, tokens reused).
         """
         torch = self.torch
         start = rows[0].start
@@ -343,15 +512,18 @@ class HFPeftEngine:
         mask = torch.zeros(1, 1, n, start + n, dtype=dtype)
         mask.masked_fill_(~allowed, torch.finfo(dtype).min)  # additive: right for sdpa and eager attention
         with torch.inference_mode():
-            out = self.model(input_ids=torch.tensor([prompt], device=dev), use_cache=True, logits_to_keep=1)
-            logits = self.model(
-                input_ids=torch.tensor([tokens], device=dev),
-                attention_mask=mask.to(dev),
-                position_ids=torch.tensor([[start + d for d in depth]], device=dev),
-                past_key_values=out.past_key_values,
-            ).logits.float()
+            kv, last, reused = self._prefill(session, adapter, prompt, need_logits=True)
+            try:
+                logits = self.model(
+                    input_ids=torch.tensor([tokens], device=dev),
+                    attention_mask=mask.to(dev),
+                    position_ids=torch.tensor([[start + d for d in depth]], device=dev),
+                    past_key_values=kv,
+                ).logits.float()
+            finally:
+                _crop(kv, start)  # the trie's tokens off again: the cache may be the session's prefix
         # The prompt's last position predicts each first token; trie node i predicts its children.
-        first = torch.log_softmax(out.logits[0, -1].float(), dim=-1).cpu()
+        first = torch.log_softmax(last.float(), dim=-1).cpu()
         logps = torch.log_softmax(logits[0], dim=-1).cpu()
         result = []
         for path in paths:
@@ -359,7 +531,7 @@ class HFPeftEngine:
             for parent, child in zip(path, path[1:]):
                 total = total + logps[parent, tokens[child]]
             result.append(float(total))
-        return result
+        return result, reused
 
     def _row_logprobs(self, rows: list[ScoreRow]) -> list[float]:
         """Sum of logprobs of ids[start:] per row, in one forward pass over the left-padded batch."""
@@ -383,6 +555,8 @@ class HFPeftEngine:
         return out
 
     def close(self) -> None:
+        if self.prefixes is not None:
+            self.prefixes.clear()
         self.model = None
 
 
@@ -392,6 +566,31 @@ def _grammar_key(r: GenerationRequest) -> tuple[str, str] | None:
     if r.json_schema is not None:
         return ("json", json.dumps(r.json_schema, sort_keys=True))
     return None
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _crop(kv: Any, length: int) -> None:
+    """Cut a DynamicCache to its first `length` tokens (Cache.crop takes the number to remove)."""
+    extra = kv.get_seq_length() - length
+    if extra > 0:
+        kv.crop(-extra)
+
+
+def _plain_dynamic_cache(config: Any) -> bool:
+    """Whether the model's DynamicCache is made of plain full-attention layers, the only ones the prefix cache
+    crops and stacks (sliding-window or linear-attention layers keep states it cannot cut back)."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    return all(type(layer) is DynamicLayer for layer in DynamicCache(config=config).layers)
 
 
 def _token_trie(tails: list[list[int]]) -> tuple[list[int], list[int], list[list[int]]]:

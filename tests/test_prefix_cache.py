@@ -1,0 +1,205 @@
+"""The hf backend's per-session prefix cache (inference/engines/hf_peft.py) on a tiny random float32 model.
+
+    .venv/bin/pytest -q tests/test_prefix_cache.py
+
+The reference is the same engine without a session (the cold, one-call path). A session's later prompts
+must give the same greedy tokens and the same logprobs and scores (max abs difference < 1e-4 in float32)
+while reporting the shared tokens as `cached_tokens`; a prompt diverging inside the cached part, an
+adapter, a batch mixing sessions, sampling with n > 1 and `end_session` are each checked.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from simplan.inference.engine import GenerationRequest, MeteredEngine, ScoreRequest
+from simplan.inference.engines import make_engine
+from simplan.inference.engines.common import prompt_ids
+from simplan.inference.engines.hf_peft import HFPeftEngine
+
+TOL = 1e-4  # float32: the cached and the cold prefill differ by summation order only (~1e-6)
+SYSTEM = {"role": "system", "content": "You act in a text game. Answer with one action."}
+TURN1 = [SYSTEM, {"role": "user", "content": "Goal: find the key.\nYou are in a hall. Exits: north, east."}]
+TURN2 = [
+    *TURN1,
+    {"role": "assistant", "content": "go north"},
+    {"role": "user", "content": "You are in a kitchen. A key lies on the table."},
+]
+BRANCH = [  # diverges from TURN2 inside its assistant turn: reuse up to the common prefix only
+    *TURN1,
+    {"role": "assistant", "content": "go east"},
+    {"role": "user", "content": "You are in a garden."},
+]
+CHOICES = ["take key", "go south", "open drawer", "look"]
+
+
+def make_adapter(base: str, out: Path, seed: int) -> str:
+    """A rank-8 LoRA on every projection with random non-zero B (peft starts B at zero: adapter == base)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    peft_model = get_peft_model(
+        model, LoraConfig(r=8, lora_alpha=16, target_modules=targets, lora_dropout=0.0, task_type="CAUSAL_LM")
+    )
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 0.3)
+    peft_model.save_pretrained(str(out))
+    return str(out)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> tuple[str, dict[str, str]]:
+    from simplan.training.tiny import tiny_model
+
+    base = str(tiny_model("llama", final_norm=1.0))  # unscaled logits: no near-ties between greedy tokens
+    return base, {"decider": make_adapter(base, tmp_path_factory.mktemp("adapters") / "decider", seed=1)}
+
+
+@pytest.fixture(scope="module")
+def engine(tiny) -> HFPeftEngine:
+    eng = make_engine("hf", *tiny, dtype="float32", threads=1, batch_size=8)
+    yield eng
+    eng.close()
+
+
+def shared(engine: HFPeftEngine, a: list[dict[str, str]], b: list[dict[str, str]]) -> int:
+    """Tokens the prompts of two message lists share at the start."""
+    x = prompt_ids(engine.tokenizer, ScoreRequest(candidates=["x"], messages=a))
+    y = prompt_ids(engine.tokenizer, ScoreRequest(candidates=["x"], messages=b))
+    return next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), min(len(x), len(y)))
+
+
+def gen(messages, adapter=None, session=None, **kw) -> GenerationRequest:
+    return GenerationRequest(
+        adapter=adapter, messages=messages, max_tokens=8, logprobs=True, session=session, tag="decide", **kw
+    )
+
+
+def same_generation(warm, cold) -> None:
+    for w, c in zip(warm, cold):
+        assert [x.token_ids for x in w.completions] == [x.token_ids for x in c.completions]
+        for x, y in zip(w.completions, c.completions):
+            assert abs(x.logprob - y.logprob) < TOL
+        assert w.prompt_tokens == c.prompt_tokens
+
+
+@pytest.mark.parametrize("adapter", [None, "decider"])
+def test_generate_extending_prompt_reuses_the_prefix(engine, adapter):
+    s = f"extend-{adapter}"
+    (first,) = engine.generate([gen(TURN1, adapter, s)])
+    assert first.cached_tokens == 0, "a new session has nothing cached"
+    assert engine.prefixes.tokens(s) == {adapter: first.prompt_tokens}
+    (second,) = engine.generate([gen(TURN2, adapter, s)])
+    assert second.cached_tokens == shared(engine, TURN1, TURN2) == first.prompt_tokens
+    same_generation([first, second], engine.generate([gen(TURN1, adapter), gen(TURN2, adapter)]))
+    engine.end_session(s)
+
+
+def test_diverging_prompt_reuses_up_to_the_common_prefix(engine):
+    s = "diverge"
+    engine.generate([gen(TURN2, "decider", s)])
+    (branch,) = engine.generate([gen(BRANCH, "decider", s)])
+    common = shared(engine, TURN2, BRANCH)
+    assert 0 < common < branch.prompt_tokens - 1
+    assert branch.cached_tokens == common
+    same_generation([branch], engine.generate([gen(BRANCH, "decider")]))
+    (again,) = engine.generate([gen(TURN2, "decider", s)])  # back to the first: the cache was cropped
+    assert again.cached_tokens == common
+    same_generation([again], engine.generate([gen(TURN2, "decider")]))
+    engine.end_session(s)
+
+
+def test_adapters_keep_their_own_prefixes(engine):
+    s = "two-adapters"
+    engine.generate([gen(TURN1, None, s)])
+    (other,) = engine.generate([gen(TURN2, "decider", s)])
+    assert other.cached_tokens == 0, "the base model's keys and values must not serve the adapter"
+    (base,) = engine.generate([gen(TURN2, None, s)])
+    assert base.cached_tokens == shared(engine, TURN1, TURN2)
+    same_generation([other, base], engine.generate([gen(TURN2, "decider"), gen(TURN2, None)]))
+    engine.end_session(s)
+
+
+@pytest.mark.parametrize("adapter", [None, "decider"])
+def test_scores_match_a_cold_prefill(engine, adapter):
+    s = f"score-{adapter}"
+    (first,) = engine.score([ScoreRequest(CHOICES, adapter=adapter, messages=TURN1, session=s)])
+    (second,) = engine.score([ScoreRequest(CHOICES, adapter=adapter, messages=TURN2, session=s)])
+    (branch,) = engine.score([ScoreRequest(CHOICES, adapter=adapter, messages=BRANCH, session=s)])
+    cold = engine.score([ScoreRequest(CHOICES, adapter=adapter, messages=m) for m in (TURN1, TURN2, BRANCH)])
+    assert (first.cached_tokens, second.cached_tokens) == (0, shared(engine, TURN1, TURN2))
+    assert branch.cached_tokens == shared(engine, TURN2, BRANCH)
+    for warm, ref in zip((first, second, branch), cold):
+        assert max(abs(a - b) for a, b in zip(warm.logprobs, ref.logprobs)) < TOL
+        assert ref.cached_tokens == 0
+    # The candidates' trie was cropped off: the same prompt again reuses all but its last token.
+    (same,) = engine.score([ScoreRequest(CHOICES, adapter=adapter, messages=BRANCH, session=s)])
+    assert same.cached_tokens == same.prompt_tokens - 1
+    assert max(abs(a - b) for a, b in zip(same.logprobs, cold[2].logprobs)) < TOL
+    engine.end_session(s)
+
+
+def test_choices_and_sampling_with_a_cached_prefix(engine):
+    s = "choices"
+    engine.generate([gen(TURN1, "decider", s)])
+    (chosen,) = engine.generate([gen(TURN2, "decider", s, choices=CHOICES)])
+    assert chosen.cached_tokens == shared(engine, TURN1, TURN2)
+    same_generation([chosen], engine.generate([gen(TURN2, "decider", choices=CHOICES)]))
+    sample = {"n": 3, "temperature": 1.0, "seed": 11}
+    (sampled,) = engine.generate([gen(TURN2, "decider", s, **sample)])
+    assert len(sampled.completions) == 3 and sampled.cached_tokens == sampled.prompt_tokens - 1
+    same_generation([sampled], engine.generate([gen(TURN2, "decider", **sample)]))
+    engine.end_session(s)
+
+
+def test_a_batch_mixing_sessions_equals_running_them_apart(engine):
+    engine.generate([gen(TURN1, "decider", "a"), gen(BRANCH, "decider", "b")])
+    batch = [gen(TURN2, "decider", "a"), gen(BRANCH, "decider", "b"), gen(TURN1, "decider")]
+    mixed = engine.generate(batch)
+    assert [r.cached_tokens for r in mixed] == [shared(engine, TURN1, TURN2), mixed[1].prompt_tokens - 1, 0]
+    apart = [engine.generate([r])[0] for r in batch]
+    same_generation(mixed, apart)
+    same_generation(mixed, engine.generate([gen(TURN2, "decider"), gen(BRANCH, "decider"), gen(TURN1, "decider")]))
+    engine.end_session("a")
+    engine.end_session("b")
+
+
+def test_end_session_frees_and_the_cache_is_bounded(engine):
+    engine.generate([gen(TURN1, "decider", "ends")])
+    engine.score([ScoreRequest(CHOICES, messages=TURN1, session="ends")])
+    assert set(engine.prefixes.tokens("ends")) == {"decider", None}
+    metered = MeteredEngine(engine, session="ends")
+    (res,) = metered.generate([gen(TURN2, "decider")])  # the meter stamps its session on the request
+    assert res.cached_tokens > 0 and metered.cached_tokens == res.cached_tokens
+    metered.end_session()
+    assert engine.prefixes.tokens("ends") == {}
+    (cold,) = engine.generate([gen(TURN2, "decider", "ends")])
+    assert cold.cached_tokens == 0
+    engine.end_session("ends")
+    held = engine.prefixes.sessions
+    for i in range(held + 3):
+        engine.generate([gen(TURN1, None, f"lru-{i}")])
+    assert len(engine.prefixes) == held
+    assert engine.prefixes.tokens("lru-0") == {} and engine.prefixes.tokens(f"lru-{held + 2}")
+    for i in range(held + 3):
+        engine.end_session(f"lru-{i}")
+    assert len(engine.prefixes) == 0
+
+
+def test_zero_sessions_turns_it_off(tiny):
+    off = HFPeftEngine(*tiny, dtype="float32", threads=1, prefix_cache_sessions=0)
+    assert off.prefixes is None
+    off.generate([gen(TURN1, "decider", "off")])
+    (res,) = off.generate([gen(TURN2, "decider", "off")])
+    assert res.cached_tokens == 0
+    off.close()
+    with pytest.raises(ValueError, match="prefix_cache_sessions"):
+        HFPeftEngine("unused", prefix_cache_sessions=-1)  # checked before any model loads
