@@ -7,6 +7,8 @@
     simplan   simulate + pivot: imagine, commit, execute while reality matches the expectations, pivot
               (drop the queue, note the failure, replan) when a rule fires; skip simulation when the
               decider is confident (adaptive horizon).
+    simplan-oracle  simplan whose simulator is the real env replayed (`simulator: env`, inference/oracle.py):
+              how much a perfect simulator would buy; not among `simplan eval`'s default arms.
 
 A preset fills only the PlannerConfig fields left at None, so `--arm simplan --horizon 5` keeps
 the flag. `simplan run --arm NAME --help` lists every field.
@@ -20,6 +22,8 @@ ARM_PRESETS: dict[str, dict[str, Any]] = {
     "reactive": {"k": 1, "horizon": 0, "pivots": False, "adaptive": False},
     "plan": {"k": 3, "horizon": 5, "pivots": False, "adaptive": False},
     "simplan": {"k": 3, "horizon": 3, "pivots": True, "adaptive": True},
+    # The ablation's upper bound: simplan whose imagination is answered by the real env (inference/oracle.py).
+    "simplan-oracle": {"k": 3, "horizon": 3, "pivots": True, "adaptive": True, "simulator": "env"},
 }
 ARMS: tuple[str, ...] = tuple(ARM_PRESETS)
 

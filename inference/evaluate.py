@@ -52,13 +52,14 @@ from typing import Any
 from simplan.data.io import append_jsonl, read_jsonl_tolerant, write_json, write_jsonl
 from simplan.envs.base import Env, Task
 from simplan.envs.registry import make_env
+from simplan.inference.arms import ARM_PRESETS
 from simplan.inference.batching import BatchingEngine
 from simplan.inference.engine import Engine
 from simplan.inference.faults import FaultConfig, FaultyEnv, wrap_faults
 from simplan.inference.suites import StepCap, Suite, SuiteEntry, entry_tasks_with_caps, load_suite
 from simplan.inference.trace import EpisodeTrace, append_trace, episode_runs, summarize
 
-ARMS = ("reactive", "plan", "simplan")
+ARMS = ("reactive", "plan", "simplan")  # the default comparison; every preset of inference/arms.py may be asked for
 TRACES = "traces.jsonl"
 RESULTS = "results.jsonl"
 LOCK = "eval.lock"
@@ -74,7 +75,8 @@ class EvalConfig:
 
     suite: str = field(default="toy-dev", metadata=_help("suite name (recipes/suites/NAME.yaml) or a YAML path"))
     arms: list[str] = field(
-        default_factory=lambda: list(ARMS), metadata=_help("arms to compare: reactive,plan,simplan")
+        default_factory=lambda: list(ARMS),
+        metadata=_help("arms to compare: reactive,plan,simplan (also simplan-oracle)"),
     )
     episodes: int = field(default=0, metadata=_help("tasks per family (0: the suite's tasks_per_family)"))
     repeats: int = field(default=1, metadata=_help("episodes per (task, arm); >1 only differs with sampling"))
@@ -104,9 +106,9 @@ class EvalConfig:
     progress: bool = field(default=True, metadata=_help("show a progress bar"))
 
     def __post_init__(self) -> None:
-        bad = [a for a in self.arms if a not in ARMS]
+        bad = [a for a in self.arms if a not in ARM_PRESETS]
         if bad or not self.arms:
-            raise ValueError(f"arms: {bad or self.arms!r} not valid; choose from {', '.join(ARMS)}")
+            raise ValueError(f"arms: {bad or self.arms!r} not valid; choose from {', '.join(ARM_PRESETS)}")
         for name in ("episodes", "max_steps", "limit"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
@@ -120,9 +122,9 @@ class EvalConfig:
             StepCap.from_dict(self.step_cap)
             if self.max_steps:
                 raise ValueError("max_steps and step_cap: give one step cap, a flat one or one from the expert's path")
-        unknown_arms = sorted(set(self.arm_overrides) - set(ARMS))
+        unknown_arms = sorted(set(self.arm_overrides) - set(ARM_PRESETS))
         if unknown_arms:
-            raise ValueError(f"arm_overrides: unknown arm(s) {unknown_arms}; arms are {', '.join(ARMS)}")
+            raise ValueError(f"arm_overrides: unknown arm(s) {unknown_arms}; arms are {', '.join(ARM_PRESETS)}")
 
 
 @dataclass

@@ -80,6 +80,7 @@ from simplan.inference.judge import (
     JudgeMemory,
     env_patterns,
 )
+from simplan.inference.oracle import EnvOracle, OracleError, executed_actions, same_env_factory
 from simplan.inference.pivots import (
     PivotContext,
     PivotMonitor,
@@ -212,10 +213,12 @@ class Planner:
         tokenizer: Any = None,
         rules: list[PivotRule] | None = None,
         sink: Callable[[TraceEvent], None] | None = None,
+        oracle: EnvOracle | None = None,
     ) -> None:
         self.engine, self.env, self.config, self.sink = engine, env, config, sink
         self.decider = config.decider_adapter or None
-        self.simulator = config.simulator_adapter or None
+        # simulator "env" makes no simulator calls: the engine need not hold a simulator adapter.
+        self.simulator = (config.simulator_adapter or None) if config.simulator == "model" else None
         known = list(getattr(engine, "adapters", []) or [])
         for role, name in (("decider", self.decider), ("simulator", self.simulator)):
             if name is not None and name not in known:
@@ -251,6 +254,16 @@ class Planner:
         self.cache: dict[tuple[str, str], str] = {}  # (state key, action key) -> predicted observation
         self._can_score = True
         self._unsupported: set[str] = set()  # constrained-decoding kinds the backend refused
+        # simulator "env": the real env, replayed on copies, answers imagination (inference/oracle.py); one
+        # copy per candidate, so each rollout goes on from its own copy instead of replaying from the reset.
+        self.oracle: EnvOracle | None = None
+        if config.simulator == "env":
+            self.oracle = oracle or EnvOracle(same_env_factory(env), copies=config.k or 1)
+
+    def close(self) -> None:
+        """Close what the planner started itself: the env oracle's copies (the env and engine are the caller's)."""
+        if self.oracle is not None:
+            self.oracle.close()
 
     # -- episode ---------------------------------------------------------------------------------
     def run(self, task: Task, episode_id: str | None = None) -> EpisodeResult:
@@ -653,6 +666,7 @@ class Planner:
                 prompt_tokens=m.prompt_tokens - p0,
                 completion_tokens=m.completion_tokens - c0,
                 cache_hits=hits,
+                simulator=self.config.simulator or "model",
                 seconds=round(time.perf_counter() - t0, 6),
             ),
             step=ep.steps,
@@ -798,9 +812,13 @@ class Planner:
             if not alive:
                 break
             # Simulate: the observation after each rollout's latest action.
+            if self.oracle is not None:
+                hits += self._env_predictions(ep, alive)
             pending: list[tuple[Rollout, tuple[str, str]]] = []
             requests = []
             for r in alive:
+                if self.oracle is not None:
+                    continue  # predicted by the env above: no model call
                 state = self._imagined_state(ep, r, allowed if depth == 0 else imagined_valid)
                 ckey = self._cache_key(state, r.actions[-1])
                 if cfg.sim_cache and ckey in self.cache:
@@ -855,6 +873,28 @@ class Planner:
                 except ActionParseError as e:
                     self._parse_failure(ep, "decider", text, str(e), "dropped")
                     r.alive = False
+        return hits
+
+    def _env_predictions(self, ep: _Episode, alive: list[Rollout]) -> int:
+        """Predict each rollout's latest observation with the env oracle (simulator "env"); returns cache hits.
+
+        The replayed real prefix skips actions an injected fault kept from running (inference/faults.py). A
+        replay that fails or runs past the oracle's time limit ends its rollout, like an empty prediction."""
+        assert self.oracle is not None
+        faults = [e.fault for e in ep.trace.of_type("act")]
+        real = executed_actions([a for a, _, _ in ep.past], faults)
+        hits = 0
+        for r in alive:
+            before = self.oracle.stats.hits
+            try:
+                text = self.oracle.predict(ep.task, real, r.actions).text
+            except OracleError as e:
+                self._parse_failure(ep, "simulator", "", str(e), "dropped")
+                r.predicted.append(None)
+                r.alive = False
+                continue
+            hits += self.oracle.stats.hits - before
+            r.predicted.append(text)
         return hits
 
     def _imagined_state(

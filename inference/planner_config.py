@@ -23,6 +23,7 @@ DEFAULT_BUDGET = PromptSettings().budget
 PROPOSE_MODES = ("auto", "score", "sample")
 ON_REPLAN_BUDGET = ("react", "stop")
 IMAGINED_ACTIONS = ("seen", "free")
+SIMULATORS = ("model", "env")
 
 
 def _help(text: str) -> dict[str, str]:
@@ -51,6 +52,13 @@ class PlannerConfig:
     top_p: float = field(default=0.95, metadata=_help("nucleus sampling of proposals (sample mode)"))
     decider_max_tokens: int = field(default=48, metadata=_help("max new tokens of a decider completion"))
     simulator_max_tokens: int = field(default=128, metadata=_help("max new tokens of a simulator completion"))
+    simulator: str | None = field(
+        default=None,
+        metadata=_help(
+            "who predicts imagined observations: model (the simulator adapter) or env (an oracle replaying the "
+            "real env, inference/oracle.py); None: the arm preset's, else model"
+        ),
+    )
     decider_adapter: str = field(default="decider", metadata=_help("engine adapter of the decider ('' = base)"))
     simulator_adapter: str = field(default="simulator", metadata=_help("engine adapter of the simulator ('' = base)"))
     # Prompt settings: None reads them from the adapters (prompt_settings.json, saved by `simplan train`);
@@ -129,6 +137,8 @@ class PlannerConfig:
         for name, value in arm_preset(self.arm).items():  # validates the arm name
             if getattr(self, name) is None:
                 setattr(self, name, value)
+        if self.simulator is None:
+            self.simulator = "model"
         checks = [
             ("k", self.k >= 1, ">= 1"),
             ("horizon", self.horizon >= 0, ">= 0"),
@@ -162,6 +172,7 @@ class PlannerConfig:
             ("propose", PROPOSE_MODES),
             ("similarity", SIMILARITIES),
             ("imagined_actions", IMAGINED_ACTIONS),
+            ("simulator", SIMULATORS),
         ]
         for name, allowed in choices:
             if getattr(self, name) not in allowed:

@@ -112,6 +112,7 @@ class ImagineEvent(TraceEvent):
     completion_tokens: int = 0
     cache_hits: int = 0
     seconds: float = 0.0
+    simulator: str = "model"  # who predicted the observations: model (an engine call) or env (inference/oracle.py)
 
 
 @dataclass

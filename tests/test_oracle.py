@@ -1,0 +1,270 @@
+"""The env oracle (inference/oracle.py): its predictions are exactly what the real env returns (toy, TWX, BFCL,
+ScienceWorld), it replays only what it must, and a planner with `simulator: env` commits plans that reality meets.
+
+    .venv/bin/pytest -q -m "not slow" tests/test_oracle.py     # ScienceWorld (a ~10 s JVM load per reset) is slow
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+
+import pytest
+
+from simplan.envs.base import Action, Env, Observation, StepResult, Task
+from simplan.envs.limits import LimitedEnv
+from simplan.envs.registry import make_env
+from simplan.envs.toy import ToyEnv
+from simplan.inference.evaluate import EvalConfig
+from simplan.inference.faults import FaultConfig, FaultyEnv
+from simplan.inference.oracle import EnvOracle, OracleTimeout, executed_actions, same_env_factory
+from simplan.inference.planner import Planner, PlannerConfig
+from simplan.inference.scripted import ScriptedEngine, ToyOracle, prompt_actions
+from simplan.inference.trace import EpisodeTrace
+
+TOY_TASKS = ToyEnv().tasks("dev")[2:5]
+
+
+def _has(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def _other_action(obs: Observation, action: Action, env: Env) -> Action:
+    """An action other than `action`: another listed valid action, else ending the turn (tool envs)."""
+    for text in obs.valid_actions or []:
+        other = env.parse_action(text)
+        if other.key() != action.key():
+            return other
+    return Action(kind="finish") if action.kind != "finish" else Action.tool_call("no_such_tool", {"x": 1})
+
+
+def _walk(env: Env, task: Task, actions: list[Action]) -> StepResult | None:
+    env.reset(task)
+    result = None
+    for a in actions:
+        result = env.step(a)
+    return result
+
+
+def assert_oracle_matches_reality(
+    real: Env, twin: Env, oracle: EnvOracle, task: Task, path: list[Action] | None = None, steps: int = 5
+) -> None:
+    """Walk `path` (default: the expert's first `steps` actions) on the `real` env; before each real step, the
+    oracle's prediction of that step, of another action, and of the real action after the other one must
+    equal what a real env returns (an independent `twin` replays the imagined branches)."""
+    obs = real.reset(task)
+    path = list(path if path is not None else real.expert_plan()[:steps])
+    assert path, task.task_id
+    for i, action in enumerate(path):
+        other = _other_action(obs, action, real)
+        assert other.key() != action.key()
+        imagined_other = oracle.predict(task, path[:i], [other])
+        imagined_two = oracle.predict(task, path[:i], [other, action])
+        imagined = oracle.predict(task, path[:i], [action])
+        assert _walk(twin, task, [*path[:i], other]).observation == imagined_other, (task.task_id, i, other)
+        assert twin.step(action).observation == imagined_two, (task.task_id, i, "two deep")
+        result = real.step(action)
+        assert imagined == result.observation, (task.task_id, i, action)
+        obs = result.observation
+        if result.done:
+            break
+    assert oracle.stats.errors == 0 and oracle.stats.timeouts == 0
+
+
+@pytest.fixture(scope="module")
+def pairs():
+    """A real env, its twin and an oracle of copies of it per env name, made on first use and shared by the
+    module (JVMs and BFCL's workers start slowly; the oracle's cache is keyed by task, so sharing it is safe)."""
+    made: dict[str, tuple[Env, Env, EnvOracle]] = {}
+
+    def get(name: str) -> tuple[Env, Env, EnvOracle]:
+        if name not in made:
+            real = make_env(name)
+            made[name] = (real, make_env(name), EnvOracle(same_env_factory(real), copies=2))
+        return made[name]
+
+    yield get
+    for real, twin, oracle in made.values():
+        oracle.close()
+        real.close()
+        twin.close()
+
+
+# -- toy --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("task", TOY_TASKS, ids=lambda t: t.task_id)
+def test_toy_predictions_are_the_real_steps(task, pairs):
+    env = ToyEnv()
+    env.reset(task)
+    plan = env.expert_plan()
+    # A failing action inside the path: the oracle must replay failures too.
+    path = [plan[0], Action.command("open door"), *plan[1:]]
+    assert_oracle_matches_reality(*pairs("toy"), task, path)
+
+
+def test_replays_only_what_is_new_and_answers_repeats_from_the_cache():
+    task = TOY_TASKS[0]
+    made: list[ToyEnv] = []
+
+    def make() -> ToyEnv:
+        made.append(ToyEnv())
+        return made[-1]
+
+    oracle = EnvOracle(make, copies=2)
+    east, look, inv = Action.command("go east"), Action.command("look"), Action.command("inventory")
+    oracle.predict(task, [], [east])
+    oracle.predict(task, [], [look])  # a second candidate: the second copy
+    assert (oracle.stats.resets, oracle.stats.steps, len(made)) == (2, 2, 2)
+    oracle.predict(task, [], [east, inv])  # the next depth of the first candidate goes on from its copy
+    oracle.predict(task, [], [look, east])
+    assert (oracle.stats.resets, oracle.stats.steps) == (2, 4)
+    oracle.predict(task, [east], [inv])  # a real step that followed the first candidate: still no reset
+    assert (oracle.stats.resets, oracle.stats.steps) == (2, 4)  # ... and that very question was asked above
+    assert oracle.stats.hits == 1
+    oracle.predict(task, [east, east], [look])  # diverges from both copies: the older one is reset
+    assert (oracle.stats.resets, oracle.stats.steps, len(made)) == (3, 7, 2)
+    oracle.close()
+    assert all(env._task is None for env in made)  # closed
+
+
+class SlowToy(ToyEnv):
+    def step(self, action: Action) -> StepResult:
+        time.sleep(0.05)
+        return super().step(action)
+
+
+def test_a_replay_past_the_time_limit_raises_and_the_next_call_goes_on_from_there():
+    task = TOY_TASKS[0]
+    oracle = EnvOracle(SlowToy, time_limit=0.12)
+    path = [Action.command("look")] * 6
+    with pytest.raises(OracleTimeout, match="took over 0.12 s"):
+        oracle.predict(task, path[:-1], path[-1:])
+    stepped = oracle.stats.steps
+    assert 1 <= stepped < 6 and oracle.stats.timeouts == 1
+    predicted = None
+    for _ in range(6):  # each call goes on from where the last one stopped: never from the reset again
+        try:
+            predicted = oracle.predict(task, path[:-1], path[-1:])
+            break
+        except OracleTimeout:
+            continue
+    assert oracle.stats.steps == 6 and oracle.stats.resets == 1
+    assert predicted == _walk(ToyEnv(), task, path).observation
+    oracle.close()
+
+
+def test_executed_actions_skip_steps_a_fault_kept_from_running():
+    a, b, c = Action.command("a"), Action.command("b"), Action.command("c")
+    assert executed_actions([a, b, c], [None, "transient", "perturb"]) == [a, c]
+    assert executed_actions([a, b], [None, "tool_error"]) == [a]
+    with pytest.raises(ValueError, match="2 actions but 1"):
+        executed_actions([a, b], [None])
+
+
+def test_copies_have_the_adapters_settings_and_limits_but_no_faults():
+    real = FaultyEnv(make_env("toy", max_rooms=9, step_timeout=7), FaultConfig(transient=1.0))
+    copy = same_env_factory(real)()
+    assert isinstance(copy, LimitedEnv) and copy.unwrapped.max_rooms == 9 and copy.step_timeout == 7
+    task = Task("toy", "corridor-13", "dev", "corridor", {"seed": 13})
+    copy.reset(task)
+    assert copy.step(Action.command("go east")).observation.text.startswith("You are in room 2")
+    assert isinstance(same_env_factory(ToyEnv(max_rooms=6))(), ToyEnv)  # a bare adapter gets a bare copy
+
+
+# -- the planner with simulator: env --------------------------------------------------------------
+def _engine(wrong_simulator: bool = False) -> ScriptedEngine:
+    """A scripted decider that proposes the expert's action and two others (K=3 sees mistakes); its
+    simulator (used only by simulator: model) gets the step after one real action wrong."""
+    oracle = ToyOracle(TOY_TASKS[1], confidence=1.0)
+
+    def simulate(req, text):
+        if wrong_simulator and len(prompt_actions(text)) == 1:
+            return "You are in a strange dark room."
+        return oracle.simulate(req, text)
+
+    return ScriptedEngine(oracle.decide, simulate, oracle.score)
+
+
+def _run(engine: ScriptedEngine, simulator: str, env: Env | None = None):
+    cfg = PlannerConfig(
+        arm="simplan", k=3, horizon=3, adaptive=False, max_history=50, raise_errors=True, simulator=simulator
+    )
+    planner = Planner(engine, env or ToyEnv(), cfg)
+    try:
+        return planner.run(TOY_TASKS[1]).trace
+    finally:
+        planner.close()
+
+
+def _fired(trace: EpisodeTrace, rule: str) -> list:
+    return [e for e in trace.of_type("pivot") if e.fired and e.rule == rule]
+
+
+def test_planner_with_the_env_oracle_commits_plans_reality_meets():
+    engine = _engine(wrong_simulator=True)
+    trace = _run(engine, "env")
+    assert trace.of_type("end")[0].success
+    assert not engine.requests("simulate")  # no model was asked to simulate
+    imagines = trace.of_type("imagine")
+    assert imagines and all(e.simulator == "env" for e in imagines)
+    assert any(e.horizon > 0 and len(c.predicted) >= 2 for e in imagines for c in e.candidates)
+    assert not _fired(trace, "expectation_mismatch")
+    checked = [e for e in trace.of_type("act") if e.expectation is not None]
+    assert len(checked) >= 3 and all(e.expectation == e.observation and e.match == 1.0 for e in checked)
+    assert any(len(c.plan) > 1 for c in trace.of_type("commit"))  # multi-step plans were committed
+    # The same engine as the simulator: its wrong prediction makes reality disagree and the plan pivot.
+    model_engine = _engine(wrong_simulator=True)
+    model_trace = _run(model_engine, "model")
+    assert model_engine.requests("simulate") and _fired(model_trace, "expectation_mismatch")
+    assert all(e.simulator == "model" for e in model_trace.of_type("imagine"))
+
+
+def test_planner_oracle_skips_actions_a_transient_fault_did_not_run():
+    env = FaultyEnv(ToyEnv(), FaultConfig(transient=0.3, seed=1))
+    trace = _run(_engine(), "env", env=env)
+    acts = trace.of_type("act")
+    assert any(e.fault == "transient" for e in acts)
+    # Every expectation of an action that ran unfaulted is exactly what happened.
+    clean = [e for e in acts if e.expectation is not None and e.fault is None]
+    assert clean and all(e.expectation == e.observation for e in clean)
+
+
+def test_oracle_arm_preset_and_eval_accept_it():
+    cfg = PlannerConfig(arm="simplan-oracle")
+    assert (cfg.simulator, cfg.k, cfg.horizon, cfg.pivots) == ("env", 3, 3, True)
+    assert PlannerConfig(arm="simplan").simulator == "model"
+    assert PlannerConfig(arm="simplan-oracle", simulator="model").simulator == "model"
+    with pytest.raises(ValueError, match="PlannerConfig.simulator"):
+        PlannerConfig(simulator="dream")
+    eval_cfg = EvalConfig(arms=["reactive", "simplan", "simplan-oracle", "plan"])
+    assert "simplan-oracle" in eval_cfg.arms and "simplan-oracle" not in EvalConfig().arms
+
+
+def test_oracle_planner_needs_no_simulator_adapter():
+    oracle = ToyOracle(TOY_TASKS[1])
+    engine = ScriptedEngine(oracle.decide, None, oracle.score, adapters=["decider"])
+    trace = _run(engine, "env")
+    assert trace.of_type("end")[0].success
+
+
+# -- real environments ------------------------------------------------------------------------------
+@pytest.mark.skipif(not _has("textworld_express"), reason="textworld_express is not installed")
+@pytest.mark.parametrize("game", ["coin", "twc", "cookingworld", "sorting"])
+def test_twx_predictions_are_the_real_steps(game, pairs):
+    real, twin, oracle = pairs("twx")
+    task = real.tasks("dev", families=[game], limit=2)[1]
+    assert_oracle_matches_reality(real, twin, oracle, task)
+
+
+@pytest.mark.skipif(not _has("bfcl_eval"), reason="bfcl_eval is not installed")
+def test_bfcl_predictions_are_the_real_steps(pairs):
+    real, twin, oracle = pairs("bfcl")
+    task = real.tasks("dev", families=["multi_turn_base"], limit=1)[0]
+    assert_oracle_matches_reality(real, twin, oracle, task, steps=3)
+
+
+@pytest.mark.slow  # each ScienceWorld reset loads the task in the JVM (seconds), and the test makes a dozen
+@pytest.mark.skipif(not _has("scienceworld"), reason="scienceworld is not installed")
+def test_scienceworld_predictions_are_the_real_steps(pairs):
+    real, twin, oracle = pairs("scienceworld")
+    task = real.tasks("dev", families=["power-component"], limit=1)[0]
+    assert_oracle_matches_reality(real, twin, oracle, task, steps=3)
