@@ -115,9 +115,9 @@ class ImportReport:
         return not self.problems
 
     def summary(self) -> str:
-        lines = [f"{p}" for p in self.problems]
+        lines = list(self.problems)
         where = f" -> {self.out}" if self.out else ""
-        lines.append(f"converted {len(self.trajectories)} conversations{where}; {len(self.problems)} lines failed")
+        lines.append(f"converted {len(self.trajectories)} conversation(s){where}; {len(self.problems)} line(s) failed")
         return "\n".join(lines)
 
 

@@ -55,6 +55,7 @@ from simplan.envs.registry import make_env
 from simplan.inference.arms import ARM_PRESETS
 from simplan.inference.batching import BatchingEngine
 from simplan.inference.engine import Engine
+from simplan.inference.engines.model_free import ModelFreeEngine
 from simplan.inference.faults import FaultConfig, FaultyEnv, wrap_faults
 from simplan.inference.suites import StepCap, Suite, SuiteEntry, entry_tasks_with_caps, load_suite
 from simplan.inference.trace import EpisodeTrace, append_trace, episode_runs, summarize
@@ -359,6 +360,18 @@ def run_episode(
     return Planner(engine, env, config, count_tokens=count_tokens).run(task, episode_id=episode_id)
 
 
+def check_arms_start(engine: Engine, slot: EnvSlot, specs: list[EpisodeSpec], configs: dict[Any, Any]) -> None:
+    """Build the first planner of each arm (no episode runs): an arm the engine cannot serve (e.g. a missing
+    simulator adapter) or an env that cannot be made raises here, before the run writes anything."""
+    from simplan.inference.planner import Planner
+
+    seen: set[str] = set()
+    for spec in specs:
+        if spec.arm not in seen:
+            seen.add(spec.arm)
+            Planner(engine, slot.env_for(spec.entry), configs[_config_key(spec)])
+
+
 class EnvSlot:
     """The env instances of one concurrent episode slot, created on first use and reused."""
 
@@ -429,6 +442,12 @@ def _evaluate_locked(
     specs = plan_episodes(suite, cfg.arms, cfg.repeats)
     configs = {_config_key(s): planner_config(cfg, s.arm, s.entry, s.max_steps) for s in specs}  # validate now
     step_caps = {s.fault_key: s.max_steps for s in specs}  # per (task, repeat): one cap shared by the arms
+    first_slot = EnvSlot()
+    try:  # nothing is written before every arm can start: a refused start leaves no eval_config.json behind
+        check_arms_start(engine, first_slot, specs, configs)
+    except BaseException:
+        first_slot.close()
+        raise
     write_json(
         out / "eval_config.json",
         {
@@ -452,11 +471,13 @@ def _evaluate_locked(
         todo = todo[: cfg.limit]
 
     started = time.perf_counter()
-    batcher = BatchingEngine(engine, window=cfg.batch_window_ms / 1000.0) if cfg.batching else None
+    # A model-free engine (expert, random) has no model calls to merge, and binds itself to each episode's env.
+    batching = cfg.batching and not isinstance(engine, ModelFreeEngine)
+    batcher = BatchingEngine(engine, window=cfg.batch_window_ms / 1000.0) if batching else None
     shared: Any = batcher if batcher is not None else engine
     count_tokens = locked_token_counter(engine)
     slots: queue.Queue[EnvSlot] = queue.Queue()
-    all_slots = [EnvSlot() for _ in range(min(concurrency, max(1, len(todo))))]
+    all_slots = [first_slot] + [EnvSlot() for _ in range(min(concurrency, max(1, len(todo))) - 1)]
     for s in all_slots:
         slots.put(s)
     write_lock = threading.Lock()

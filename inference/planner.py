@@ -73,6 +73,7 @@ from simplan.inference.engine import (
     MeteredEngine,
     ScoreRequest,
 )
+from simplan.inference.engines.model_free import ModelFreeEngine
 from simplan.inference.judge import (
     DEFAULT_ERROR_PATTERNS,
     DEFAULT_PROGRESS_PATTERNS,
@@ -215,17 +216,23 @@ class Planner:
         sink: Callable[[TraceEvent], None] | None = None,
         oracle: EnvOracle | None = None,
     ) -> None:
+        model_free = isinstance(engine, ModelFreeEngine)
+        if model_free:  # --engine expert/random decide from this env's episodes (inference/engines/model_free.py)
+            engine, env = engine.bind(env)
         self.engine, self.env, self.config, self.sink = engine, env, config, sink
         self.decider = config.decider_adapter or None
         # simulator "env" makes no simulator calls: the engine need not hold a simulator adapter.
         self.simulator = (config.simulator_adapter or None) if config.simulator == "model" else None
         known = list(getattr(engine, "adapters", []) or [])
-        for role, name in (("decider", self.decider), ("simulator", self.simulator)):
+        # An arm that never simulates (reactive: horizon 0 everywhere) needs no simulator adapter.
+        simulates = config.horizon > 0 or any(int(b.get("horizon", 0)) > 0 for b in config.family_budgets.values())
+        for role, name in (("decider", self.decider), ("simulator", self.simulator if simulates else None)):
             if name is not None and name not in known:
                 raise ValueError(
                     f"PlannerConfig.{role}_adapter: the engine has no adapter {name!r} (it has: "
                     f"{', '.join(known) or 'none'}); pass --adapters {role}=DIR to the engine, or "
                     f"--{role}-adapter '' to use the base model"
+                    + ("; the model-free engines (expert, random) serve only the reactive arm" if model_free else "")
                 )
         # Token counting: the engine's tokenizer (chat template) unless a counter or tokenizer is given.
         tokenizer = tokenizer if tokenizer is not None else getattr(engine, "tokenizer", None)

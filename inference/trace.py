@@ -109,6 +109,7 @@ class ImagineEvent(TraceEvent):
     reason: str = ""  # why simulation was skipped / how candidates were proposed
     model_calls: int = 0
     prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0  # of prompt_tokens, those the engine reused instead of prefilling
     completion_tokens: int = 0
     cache_hits: int = 0
     seconds: float = 0.0
@@ -146,6 +147,7 @@ class ActEvent(TraceEvent):
     fault: str | None = None  # set by a fault-injecting env wrapper (info["fault"])
     model_calls: int = 0  # engine calls since the previous act
     prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0  # of prompt_tokens, those the engine reused instead of prefilling
     completion_tokens: int = 0
     env_seconds: float = 0.0
 
@@ -192,6 +194,7 @@ class EndEvent(TraceEvent):
     parse_failures: int = 0
     model_calls: int = 0  # episode totals
     prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0  # of prompt_tokens, those the engine reused instead of prefilling
     completion_tokens: int = 0
     wall_seconds: float = 0.0
     planning_seconds: float = 0.0  # imagine + judge (engine calls included)
@@ -415,6 +418,7 @@ class EpisodeSummary:
     candidates_imagined: int = 0
     model_calls: int = 0
     prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0  # of prompt_tokens, reused by the engine (prefilled = prompt - cached)
     completion_tokens: int = 0
     total_tokens: int = 0
     wall_seconds: float = 0.0
@@ -480,12 +484,14 @@ def summarize(trace: EpisodeTrace) -> EpisodeSummary:
     if end is not None:
         s.status, s.success, s.score = end.status, bool(end.success), float(end.score)
         s.model_calls, s.prompt_tokens, s.completion_tokens = end.model_calls, end.prompt_tokens, end.completion_tokens
+        s.cached_prompt_tokens = end.cached_prompt_tokens
         s.wall_seconds, s.planning_seconds, s.env_seconds = end.wall_seconds, end.planning_seconds, end.env_seconds
     else:  # a trace cut short: rebuild what the events allow
         s.success = any(a.won for a in acts)
         s.score = acts[-1].score if acts else 0.0
         s.model_calls = sum(a.model_calls for a in acts)
         s.prompt_tokens = sum(a.prompt_tokens for a in acts)
+        s.cached_prompt_tokens = sum(a.cached_prompt_tokens for a in acts)
         s.completion_tokens = sum(a.completion_tokens for a in acts)
         s.wall_seconds = trace.events[-1].t if trace.events else 0.0
         s.planning_seconds = sum(e.seconds for e in imagines)

@@ -1,8 +1,11 @@
-"""`simplan collect`: expert, noisy-expert and random trajectories for any registered env and fold.
+"""`simplan collect`: expert, noisy-expert and random trajectories for any env and fold.
 
     simplan collect --env twx --fold train --policies expert,noisy_expert,random --limit 20 \\
         --out runs/data/twx-train.jsonl --workers 2
     simplan collect --config recipes/collect/twx-train.yaml --workers 1
+    simplan collect --env mypkg.myenv:MyEnv --fold train --policies expert --limit 5 --out runs/data/my.jsonl
+
+--env is a built-in or installed plugin name (`simplan envs list`) or package.module:Class.
 
 Re-running the same command resumes: episodes already in --out are skipped. Policies, noise and
 recovery are described in `simplan.data.collect`. Exit status: 0 when every planned episode is in
@@ -14,12 +17,17 @@ from __future__ import annotations
 import sys
 
 from simplan.data.collect import CollectConfig, collect
+from simplan.envs.registry import UnknownEnvError
 from simplan.scripts.config import parse_config
 
 
 def main(argv: list[str] | None = None) -> int:
     (cfg,) = parse_config([CollectConfig], argv, description=__doc__.split("\n")[0], prog="simplan collect")
-    report = collect(cfg)
+    try:
+        report = collect(cfg)
+    except (UnknownEnvError, ImportError) as e:  # checked before any episode runs: nothing was written
+        print(f"simplan collect: {e}", file=sys.stderr)
+        return 2
     print(report.summary())
     if report.statuses["errored"]:
         print(

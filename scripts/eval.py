@@ -5,6 +5,13 @@
         --adapters decider=runs/train/decider/adapter,simulator=runs/train/simulator/adapter \\
         --out runs/eval/twx-dev --concurrency 8
     simplan eval --suite twx-dev-faults --faults '{transient: 0.2}' --planner '{horizon: 2}' ...
+    simplan eval --suite toy-dev --arms reactive --engine expert --out runs/eval/toy-expert    # no model
+
+`--engine expert` replays each env's expert plan and `--engine random` takes seeded random valid
+actions (inference/engines/model_free.py): model-free sanity runs of a suite, reactive arm only. Each
+arm asks the engine only for the adapters it uses (reactive: the decider); a run that cannot start
+(a missing adapter, an unknown env) writes nothing but the folder's lock file, so the corrected
+command needs no --fresh.
 
 `--episodes N` is tasks per game/family (0: the suite's); `--concurrency C` is how many episodes run
 at once (their model calls are merged into batched engine calls; with --engine openai it is also
@@ -21,7 +28,9 @@ import os
 import sys
 from pathlib import Path
 
+from simplan.envs.registry import UnknownEnvError
 from simplan.inference.engines import EngineConfig, engine_from_config
+from simplan.inference.engines.config import MODEL_FREE_KINDS
 from simplan.inference.evaluate import EvalConfig, FolderLockedError, check_unlocked, evaluate
 from simplan.inference.report import arms_table, load_run_data
 from simplan.scripts.config import parse_config
@@ -32,6 +41,8 @@ def main(argv: list[str] | None = None) -> int:
         [EvalConfig, EngineConfig], argv, description=__doc__.split("\n")[0], prog="simplan eval"
     )
     engine_info = {"engine": engine_cfg.engine, "model": engine_cfg.model, "adapters": engine_cfg.adapters}
+    if engine_cfg.engine in MODEL_FREE_KINDS:  # no model: --model and --adapters change nothing, so record none
+        engine_info.update(model="", adapters="")
     try:
         check_unlocked(Path(eval_cfg.out))  # before minutes of engine loading; evaluate() holds the lock
     except FolderLockedError as e:
@@ -41,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     engine = engine_from_config(engine_cfg)
     try:
         outcome = evaluate(eval_cfg, engine, concurrency=engine_cfg.concurrency, engine_info=engine_info)
-    except (ValueError, FileNotFoundError, FolderLockedError) as e:
+    except (ValueError, FileNotFoundError, FolderLockedError, UnknownEnvError, ImportError) as e:
         print(f"simplan eval: {e}", file=sys.stderr)
         return 2
     finally:

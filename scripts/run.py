@@ -3,10 +3,12 @@
     simplan run --env toy --task corridor-100 --arm simplan --engine hf --model smollm2-135m-instruct \\
         --adapters decider=runs/adapters/decider,simulator=runs/adapters/simulator --trace runs/run/toy.jsonl
     simplan run --env twx --task cookingworld-dev-3 --arm reactive --engine openai --model smollm2 \\
-        --adapters decider=x,simulator=x --base-url http://127.0.0.1:8000/v1     # against `simplan serve`
+        --adapters decider=x --base-url http://127.0.0.1:8000/v1     # against `simplan serve`
+    simplan run --env simplan_shop.env:ShopEnv --arm reactive --engine expert   # no model: the env's expert
 
 Every planner setting is a flag (`simplan run --help`); `--arm` fills the ones not given
-(inference/arms.py). The trace (JSONL, one event per line, see inference/trace.py) is appended to
+(inference/arms.py); an arm asks only for the adapters it uses (reactive: the decider). The trace
+(JSONL, one event per line, see inference/trace.py) is appended to
 --trace (default runs/run/<env>-<task>-<arm>.jsonl). Exit status 0 when the episode ran (solved or
 not), 1 when it errored.
 """
@@ -14,12 +16,13 @@ not), 1 when it errored.
 from __future__ import annotations
 
 import sys
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from simplan.envs.base import FOLDS, Env, Task
-from simplan.envs.registry import make_env
+from simplan.envs.registry import UnknownEnvError, make_env
 from simplan.inference.engine import Engine
 from simplan.inference.engines import EngineConfig, engine_from_config
 from simplan.inference.planner import Planner, PlannerConfig
@@ -40,14 +43,25 @@ VIEWS = ("rich", "plain", "none")
 
 @dataclass
 class RunConfig:
-    env: str = field(default="toy", metadata={"help": "registered environment (simplan envs list)"})
+    env: str = field(default="toy", metadata={"help": "env name (simplan envs list) or package.module:Class"})
     task: str = field(default="", metadata={"help": "task id (e.g. corridor-100); empty: the first task of --fold"})
     fold: str = field(default="", metadata={"help": "fold to search for the task (empty: all folds; dev if no task)"})
-    env_options: dict = field(default_factory=dict, metadata={"help": "keyword arguments of the env's constructor"})
+    env_kwargs: dict = field(
+        default_factory=dict, metadata={"help": "keyword arguments of the env's constructor (YAML mapping)"}
+    )
+    env_options: dict | None = field(default=None, metadata={"help": "deprecated name of --env-kwargs"})
     trace: str = field(default="", metadata={"help": "trace JSONL to append to (default runs/run/ENV-TASK-ARM.jsonl)"})
     view: str = field(default="rich", metadata={"help": f"live view: {', '.join(VIEWS)}"})
 
     def __post_init__(self) -> None:
+        if self.env_options is not None:  # the old name: every other command calls it env_kwargs
+            warnings.warn("--env-options is deprecated: use --env-kwargs", FutureWarning, stacklevel=1)
+            if not isinstance(self.env_options, dict):
+                raise ValueError(f"env_options: expected a YAML mapping, got {self.env_options!r}")
+            self.env_kwargs = {**self.env_options, **self.env_kwargs}
+            self.env_options = None
+        if not isinstance(self.env_kwargs, dict):
+            raise ValueError(f"env_kwargs: expected a YAML mapping, got {self.env_kwargs!r}")
         if self.view not in VIEWS:
             raise ValueError(f"view: {self.view!r} is not one of {', '.join(VIEWS)}")
         if self.fold and self.fold not in FOLDS:
@@ -114,7 +128,11 @@ def main(argv: list[str] | None = None) -> int:
     run_cfg, engine_cfg, planner_cfg = parse_config(
         [RunConfig, EngineConfig, PlannerConfig], argv, description=__doc__.split("\n")[0], prog="simplan run"
     )
-    env = make_env(run_cfg.env, **run_cfg.env_options)
+    try:
+        env = make_env(run_cfg.env, **run_cfg.env_kwargs)
+    except (UnknownEnvError, ImportError) as e:
+        print(f"simplan run: {e}", file=sys.stderr)
+        return 2
     try:
         task = find_task(env, run_cfg.task, run_cfg.fold)
         engine = build_engine(engine_cfg)
@@ -123,9 +141,13 @@ def main(argv: list[str] | None = None) -> int:
             result = planner.run(task)
         finally:
             engine.close()
+    except ValueError as e:  # no such task, or an arm the engine cannot serve: nothing ran, nothing written
+        print(f"simplan run: {e}", file=sys.stderr)
+        return 2
     finally:
         env.close()
-    out = Path(run_cfg.trace or f"runs/run/{run_cfg.env}-{task.task_id}-{planner_cfg.arm}.jsonl")
+    # env.name, not --env: a module:Class spec is no file name
+    out = Path(run_cfg.trace or f"runs/run/{env.name}-{task.task_id}-{planner_cfg.arm}.jsonl")
     append_trace(out, result.trace)
     s = result.summary
     print(

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from simplan.inference.engine import Engine
-from simplan.inference.engines.config import KINDS, EngineConfig, parse_adapters
+from simplan.inference.engines.config import KINDS, MODEL_FREE_KINDS, EngineConfig, parse_adapters
 
 # Options each backend accepts (make_engine rejects others by name instead of ignoring them).
 OPTIONS: dict[str, tuple[str, ...]] = {
@@ -34,6 +34,8 @@ OPTIONS: dict[str, tuple[str, ...]] = {
     ),
     "openai": ("base_url", "api_key", "concurrency", "tokenizer", "timeout", "sequential_scoring"),
     "hf": ("dtype", "threads", "batch_size", "device", "merge_adapters"),
+    "expert": (),  # model-free (inference/engines/model_free.py): no model, no options
+    "random": ("seed",),
 }
 
 
@@ -51,6 +53,10 @@ def make_engine(
     unknown = sorted(set(opts) - set(OPTIONS[kind]))
     if unknown:
         raise TypeError(f"engine {kind!r}: unknown option(s) {', '.join(unknown)}; valid: {', '.join(OPTIONS[kind])}")
+    if kind in MODEL_FREE_KINDS:  # the model and adapters are not used: the env decides
+        from simplan.inference.engines.model_free import ModelFreeEngine
+
+        return ModelFreeEngine(kind, **opts)  # type: ignore[return-value]
     named = parse_adapters(adapters)
     missing = [name for name, path in named.items() if not path]
     if missing and kind != "openai":

@@ -15,14 +15,19 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-KINDS = ("vllm", "openai", "hf")
+KINDS = ("vllm", "openai", "hf", "expert", "random")
+# Kinds without a model (inference/engines/model_free.py): the env's expert plan replayed, or random valid actions.
+MODEL_FREE_KINDS = ("expert", "random")
 # vLLM accepts only these LoRA ranks for --max-lora-rank (vllm/config/lora.py).
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
 @dataclass
 class EngineConfig:
-    engine: str = field(default="hf", metadata={"help": "backend: vllm (in-process), openai (a running server), hf"})
+    engine: str = field(
+        default="hf",
+        metadata={"help": "backend: vllm (in-process), openai (a running server), hf; model-free: expert, random"},
+    )
     model: str = field(
         default="smollm2-135m-instruct",
         metadata={"help": "base model: registry name, local HF folder or hub id (openai: the served model name)"},

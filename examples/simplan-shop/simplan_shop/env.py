@@ -110,7 +110,7 @@ class ShopEnv(EnvDefaults):
             raise RuntimeError("ShopEnv.step called before reset")
         if self._done:
             return self._result({"error": "the session is over"}, error=True)
-        if action.kind == "finish":
+        if action.kind == "finish" or (action.kind == "tool_call" and action.name == "finish"):
             self._done = True
             return self._result({"finished": True, "shipped": self._won})
         if action.kind != "tool_call" or action.name not in TOOL_NAMES:
