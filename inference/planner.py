@@ -191,6 +191,7 @@ class _Episode:
     degraded: str = ""  # why the loop acts without simulation from now on ("" = it does not)
     calls_at_last_act: int = 0
     prompt_at_last_act: int = 0
+    cached_at_last_act: int = 0
     completion_at_last_act: int = 0
     tokens_at_last_act: int = 0
     planning_seconds: float = 0.0
@@ -299,7 +300,9 @@ class Planner:
             sink=self.sink,
         )
         trace.t0 = t0
-        ep = _Episode(task, budgets, trace, MeteredEngine(self.engine), obs, obs.goal, env_seconds=env_seconds)
+        # The meter stamps the episode id on every request as its session: the engine may reuse its prefixes.
+        meter = MeteredEngine(self.engine, session=trace.episode_id)
+        ep = _Episode(task, budgets, trace, meter, obs, obs.goal, env_seconds=env_seconds)
         ep.state = EpisodeState.start(obs.goal, obs.text, obs.tools, obs.valid_actions)
         self._note_valid(ep, obs)
         if error is None:
@@ -326,6 +329,7 @@ class Planner:
                 parse_failures=ep.parse_failures,
                 model_calls=m.calls,
                 prompt_tokens=m.prompt_tokens,
+                cached_prompt_tokens=m.cached_tokens,
                 completion_tokens=m.completion_tokens,
                 wall_seconds=round(time.perf_counter() - t0, 6),
                 planning_seconds=round(ep.planning_seconds, 6),
@@ -335,6 +339,7 @@ class Planner:
             ),
             step=ep.steps,
         )
+        m.end_session()  # the engine frees what it kept for this episode (the hf prefix cache)
 
     def _loop(self, ep: _Episode) -> tuple[str, bool]:
         """Run until the env ends the episode or a budget does; returns (status, won)."""
@@ -489,6 +494,7 @@ class Planner:
                 fault=str(fault) if fault is not None else None,
                 model_calls=m.calls - ep.calls_at_last_act,
                 prompt_tokens=m.prompt_tokens - ep.prompt_at_last_act,
+                cached_prompt_tokens=m.cached_tokens - ep.cached_at_last_act,
                 completion_tokens=m.completion_tokens - ep.completion_at_last_act,
                 env_seconds=round(env_dt, 6),
             ),
@@ -500,6 +506,7 @@ class Planner:
             m.prompt_tokens,
             m.completion_tokens,
         )
+        ep.cached_at_last_act = m.cached_tokens
         # The goal changes as collection records it (data/collect.py): when it differs from the first one.
         changed_goal = obs.goal if obs.goal and obs.goal != ep.state.turns[0].goal else None
         ep.state.step(
@@ -638,6 +645,7 @@ class Planner:
         b = ep.budgets
         t0 = time.perf_counter()
         calls0, p0, c0 = ep.meter.calls, ep.meter.prompt_tokens, ep.meter.completion_tokens
+        cached0 = ep.meter.cached_tokens
         allowed = self._allowed(ep)
         root = self._prompt_state(ep, [], ep.obs.text, allowed)
         proposals, margin, how, fallback = self._propose(ep, root, allowed, b.k)
@@ -671,6 +679,7 @@ class Planner:
                 reason="; ".join(x for x in (how, reason) if x),
                 model_calls=m.calls - calls0,
                 prompt_tokens=m.prompt_tokens - p0,
+                cached_prompt_tokens=m.cached_tokens - cached0,
                 completion_tokens=m.completion_tokens - c0,
                 cache_hits=hits,
                 simulator=self.config.simulator or "model",

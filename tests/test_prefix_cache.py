@@ -203,3 +203,30 @@ def test_zero_sessions_turns_it_off(tiny):
     off.close()
     with pytest.raises(ValueError, match="prefix_cache_sessions"):
         HFPeftEngine("unused", prefix_cache_sessions=-1)  # checked before any model loads
+
+
+def test_planner_episode_reuses_prefixes_records_them_and_ends_its_session(tiny, engine):
+    """The same toy episode with and without the cache: same actions and prompt tokens; the cached run's
+    trace records reused tokens per act, imagine and end event, and the session is freed at the end."""
+    from simplan.envs.registry import make_env
+    from simplan.inference.planner import Planner, PlannerConfig
+
+    cold = HFPeftEngine(*tiny, dtype="float32", threads=1, prefix_cache_sessions=0)
+    config = PlannerConfig(arm="simplan", max_steps=4, k=2, horizon=1, simulator_adapter="", simulator_max_tokens=8)
+    runs = []
+    for eng in (engine, cold):
+        env = make_env("toy")
+        try:
+            runs.append(Planner(eng, env, config).run(env.tasks("dev", limit=1)[0], episode_id="planner-session"))
+        finally:
+            env.close()
+    cold.close()
+    warm, ref = runs
+    assert [e.action for e in warm.trace.of_type("act")] == [e.action for e in ref.trace.of_type("act")]
+    assert warm.summary.prompt_tokens == ref.summary.prompt_tokens and ref.summary.cached_prompt_tokens == 0
+    acts, end = warm.trace.of_type("act"), warm.trace.end
+    assert len(acts) >= 2 and all(a.cached_prompt_tokens > 0 for a in acts[1:]), "later steps extend the prompt"
+    assert any(e.cached_prompt_tokens > 0 for e in warm.trace.of_type("imagine"))
+    assert end.cached_prompt_tokens == warm.summary.cached_prompt_tokens == sum(a.cached_prompt_tokens for a in acts)
+    assert 0 < end.cached_prompt_tokens < end.prompt_tokens
+    assert engine.prefixes.tokens("planner-session") == {}, "the planner ends its session"
