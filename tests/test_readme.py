@@ -1,4 +1,4 @@
-"""The README's commands parse with today's CLI: every `simplan ...` line of its ```bash blocks.
+"""The README's (and docs/'s) commands parse with today's CLI: every `simplan ...` line of their ```bash blocks.
 
 .venv/bin/pytest -q tests/test_readme.py
 
@@ -52,7 +52,10 @@ def readme_commands(text: str) -> list[tuple[int, str]]:
     return out
 
 
-COMMANDS = readme_commands(README.read_text())
+GUIDES = [README, *sorted((ROOT / "docs").glob("*.md"))]
+COMMANDS = [
+    (f"{path.relative_to(ROOT)}:{n}", line) for path in GUIDES for n, line in readme_commands(path.read_text())
+]
 
 
 class Parsed(Exception):
@@ -94,16 +97,16 @@ def _workdir(tmp_path: Path, argv: list[str], monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_the_readme_shows_every_stage():
-    shown = {shlex.split(line)[1] for _, line in COMMANDS}
+    shown = {shlex.split(line)[1] for where, line in COMMANDS if where.startswith("README.md:")}
     stages = {"envs", "collect", "import", "validate", "build", "models", "train", "eval-model", "serve", "run"}
     assert stages | {"eval", "report", "pipeline"} <= shown
 
 
-@pytest.mark.parametrize(("lineno", "line"), COMMANDS, ids=[f"README.md:{n}" for n, _ in COMMANDS])
-def test_readme_command_parses(lineno, line, tmp_path, monkeypatch):
-    assert not PLACEHOLDER.search(line), f"README.md:{lineno}: a placeholder in {line!r}; write a command that runs"
+@pytest.mark.parametrize(("where", "line"), COMMANDS, ids=[where for where, _ in COMMANDS])
+def test_readme_command_parses(where, line, tmp_path, monkeypatch):
+    assert not PLACEHOLDER.search(line), f"{where}: a placeholder in {line!r}; write a command that runs"
     argv = shlex.split(line, comments=True)
-    assert argv[0] == "simplan" and argv[1] in cli.COMMANDS, f"README.md:{lineno}: {argv[1]!r} is no subcommand"
+    assert argv[0] == "simplan" and argv[1] in cli.COMMANDS, f"{where}: {argv[1]!r} is no subcommand"
     _workdir(tmp_path, argv, monkeypatch)
     _stop_after_parsing(importlib.import_module(cli.COMMANDS[argv[1]][0]), monkeypatch)
     try:
@@ -111,8 +114,8 @@ def test_readme_command_parses(lineno, line, tmp_path, monkeypatch):
     except Parsed:
         return
     except SystemExit as e:
-        pytest.fail(f"README.md:{lineno}: `{line}` does not parse (exit {e.code}); see the message above")
-    pytest.fail(f"README.md:{lineno}: `{line}` returned without parsing its arguments")
+        pytest.fail(f"{where}: `{line}` does not parse (exit {e.code}); see the message above")
+    pytest.fail(f"{where}: `{line}` returned without parsing its arguments")
 
 
 @pytest.mark.parametrize(
