@@ -230,3 +230,23 @@ def test_planner_episode_reuses_prefixes_records_them_and_ends_its_session(tiny,
     assert end.cached_prompt_tokens == warm.summary.cached_prompt_tokens == sum(a.cached_prompt_tokens for a in acts)
     assert 0 < end.cached_prompt_tokens < end.prompt_tokens
     assert engine.prefixes.tokens("planner-session") == {}, "the planner ends its session"
+
+
+def test_the_engine_option_reaches_the_hf_backend(tiny):
+    from simplan.inference.engines import engine_from_config
+    from simplan.inference.engines.config import EngineConfig
+
+    base, adapters = tiny
+    eng = engine_from_config(
+        EngineConfig(
+            engine="hf",
+            model=base,
+            adapters=f"decider={adapters['decider']}",
+            dtype="float32",
+            prefix_cache_sessions=3,
+        )
+    )
+    assert eng.prefixes is not None and eng.prefixes.sessions == 3
+    eng.close()
+    with pytest.raises(ValueError, match="prefix_cache_sessions"):
+        EngineConfig(prefix_cache_sessions=-1)

@@ -33,7 +33,7 @@ OPTIONS: dict[str, tuple[str, ...]] = {
         "merge_adapters",
     ),
     "openai": ("base_url", "api_key", "concurrency", "tokenizer", "timeout", "sequential_scoring"),
-    "hf": ("dtype", "threads", "batch_size", "device", "merge_adapters"),
+    "hf": ("dtype", "threads", "batch_size", "device", "merge_adapters", "prefix_cache_sessions"),
     "expert": (),  # model-free (inference/engines/model_free.py): no model, no options
     "random": ("seed",),
 }

@@ -59,6 +59,12 @@ class EngineConfig:
     )
     batch_size: int = field(default=16, metadata={"help": "hf: rows per forward/generate call"})
     device: str = field(default="auto", metadata={"help": "hf: torch device: auto (the GPU if any), cpu, cuda:N"})
+    prefix_cache_sessions: int = field(
+        default=16,
+        metadata={
+            "help": "hf: episodes whose prompt KV cache is kept for reuse (least recently used evicted; 0: off)"
+        },
+    )
     base_url: str = field(default="http://127.0.0.1:8000/v1", metadata={"help": "openai: server URL ending in /v1"})
     api_key: str | None = field(default=None, metadata={"help": "openai: API key (or $SIMPLAN_API_KEY)"})
     concurrency: int = field(default=16, metadata={"help": "openai: requests in flight at once"})
@@ -79,6 +85,11 @@ class EngineConfig:
             raise ValueError(f"threads: must be >= 1, got {self.threads}")
         if self.kv_cache_gib < 1:
             raise ValueError(f"kv_cache_gib: must be >= 1, got {self.kv_cache_gib}")
+        if self.prefix_cache_sessions < 0:
+            raise ValueError(
+                f"prefix_cache_sessions: must be >= 0 (0 turns the hf prefix cache off), "
+                f"got {self.prefix_cache_sessions}"
+            )
         parse_adapters(self.adapters)
         if self.merge_adapters and self.engine == "openai":
             raise ValueError(
