@@ -20,11 +20,15 @@ Checks (each a named `CheckResult`, failures carry a message saying what and whe
   an expert command missing from a valid-action list that claims to be complete
   (`Observation.valid_actions_complete`) fails the check;
 - step after done: a step after the episode ended returns `done=True` (or raises a RuntimeError
-  that says so), never anything else.
+  that says so), never anything else;
+- optional attributes (`envs.base.EnvDefaults`): where the adapter sets them, `description` is a str,
+  `families` a list or tuple of str that holds every listed task's family, `error_patterns` and
+  `progress_patterns` regexes that compile, `step_timeout` None or seconds >= 0.
 """
 
 from __future__ import annotations
 
+import re
 import time
 import traceback
 from collections.abc import Callable
@@ -33,14 +37,17 @@ from dataclasses import dataclass, field
 from tqdm import tqdm
 
 from simplan.envs.base import (
+    EXTRAS,
     FOLDS,
     Action,
     ActionParseError,
     Env,
     EnvCrashed,
+    EnvDefaults,
     Observation,
     StepResult,
     Task,
+    env_extra,
     missing_from_complete_list,
 )
 
@@ -323,5 +330,33 @@ def check_env(
     _run(report, "parse_action", parse)
     _run(report, "invalid action", invalid)
     _run(report, f"expert success (train, {fold_sample}/family)", expert)
+
+    def extras() -> str:
+        description, families = env_extra(env, "description"), env_extra(env, "families")
+        _require(isinstance(description, str), f"description is {type(description).__name__}, expected str")
+        _require(
+            isinstance(families, list | tuple) and all(isinstance(f, str) for f in families),
+            f"families must be a list or tuple of str, got {families!r}",
+        )
+        if families:
+            unlisted = sorted({t.family for ts in listed.values() for t in ts} - set(families))
+            _require(not unlisted, f"tasks have families {unlisted} that `families` does not list")
+        for name in ("error_patterns", "progress_patterns"):
+            patterns = env_extra(env, name)
+            _require(isinstance(patterns, list | tuple), f"{name} must be a list or tuple of regexes")
+            for p in patterns:
+                try:
+                    re.compile(p)
+                except (re.error, TypeError) as e:
+                    raise _CheckFailed(f"{name}: {p!r} is not a regular expression ({e})") from None
+        timeout = env_extra(env, "step_timeout")
+        _require(
+            timeout is None or (isinstance(timeout, int | float) and timeout >= 0),
+            f"step_timeout must be None or seconds >= 0, got {timeout!r}",
+        )
+        set_here = [n for n in EXTRAS if env_extra(env, n) != getattr(EnvDefaults, n)]
+        return f"set: {', '.join(set_here) or 'none (defaults)'}"
+
     _run(report, "step after done", after_done)
+    _run(report, "optional attributes", extras)
     return report

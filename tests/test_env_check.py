@@ -132,3 +132,35 @@ def test_cli_check_exit_codes(capsys):
     out = capsys.readouterr().out
     assert "twx" in out and "scienceworld" in out and "toy" in out
     assert envs_cmd.main(["frobnicate"]) == 2
+
+
+class BadExtras(ToyEnv):
+    """Optional attributes of the wrong shape: a family its tasks do not use, a pattern that is no regex."""
+
+    families = ("hallway",)
+    error_patterns = ("(unclosed",)
+
+
+def test_optional_attributes_are_checked_and_default_when_absent():
+    from simplan.envs.base import EnvDefaults, env_extra
+
+    toy = ToyEnv()
+    assert env_extra(toy, "families") == () and env_extra(toy, "step_timeout") is None  # EnvDefaults' values
+    assert env_extra(BadExtras(), "families") == ("hallway",)
+    try:
+        env_extra(toy, "familes")
+    except AttributeError as e:
+        assert "'familes' is not an optional env attribute" in str(e)
+    else:
+        raise AssertionError("a misspelt optional attribute must raise")
+    assert _by_name(check_env(toy, fold_sample=1, progress=False))["optional attributes"].passed
+
+    class Declared(EnvDefaults, ToyEnv):
+        families = ("corridor",)
+
+    assert _by_name(check_env(Declared(), fold_sample=1, progress=False))["optional attributes"].passed
+    result = _by_name(check_env(BadExtras(), fold_sample=1, progress=False))["optional attributes"]
+    assert not result.passed and "families ['corridor'] that `families` does not list" in result.message
+    bad_pattern = type("BadPattern", (BadExtras,), {"families": ("corridor",)})
+    result = _by_name(check_env(bad_pattern(), fold_sample=1, progress=False))["optional attributes"]
+    assert not result.passed and "error_patterns: '(unclosed' is not a regular expression" in result.message
