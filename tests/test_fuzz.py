@@ -42,8 +42,11 @@ from simplan.inference.planner import Planner, PlannerConfig, _softmax
 from simplan.inference.scripted import ScriptedEngine
 from simplan.inference.trace import append_trace, read_traces
 
-# ast.parse warns about model text such as 'a\\d' (an invalid escape); that is the text's problem, not the test's.
-pytestmark = pytest.mark.filterwarnings("ignore:invalid escape sequence:DeprecationWarning")
+# ast.parse warns about model text such as 'a\\d' or '1_a' (invalid escapes, literals): the text's problem.
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:invalid escape sequence:DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore::SyntaxWarning"),
+]
 SEED = 18
 # Tool names of BFCL's file system and math APIs (the backends of most tasks) and names no task has.
 TOOLS = ["cd", "ls", "cat", "touch", "echo", "mkdir", "mv", "rm", "grep", "tail", "add", "multiply", "mean", "power"]
@@ -283,9 +286,10 @@ def test_fuzzed_outputs_never_crash_the_planner_on_bfcl(tmp_path, pwned):
 def test_fuzz_20000_outputs_on_both_envs(tmp_path, pwned):
     pytest.importorskip("bfcl_eval")
     toy, bfcl = make_env("toy"), make_env("bfcl")
-    for name, env, tasks in (("toy", toy, toy.tasks("dev")), ("bfcl", bfcl, bfcl.tasks("dev"))):
+    runs = [("toy", toy, toy.tasks("dev"), 12, 2), ("bfcl", bfcl, bfcl.tasks("dev"), 25, 4)]  # (max_steps, K)
+    for name, env, tasks, max_steps, k in runs:
         out = tmp_path / name
-        report = fuzz_planner(env, tasks, fuzz_corpus(10_000, pwned, seed=SEED + 2), out, max_steps=12)
+        report = fuzz_planner(env, tasks, fuzz_corpus(10_000, pwned, seed=SEED + 2), out, max_steps, k)
         _check(report, out, pwned)
     bfcl.close()
 
