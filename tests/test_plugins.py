@@ -210,16 +210,22 @@ def _installed() -> bool:
 
 
 @pytest.mark.slow
-def test_installed_plugin_is_found_by_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_installed_plugin_is_found_by_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """pip install -e examples/simplan-shop (once, into this venv), then `shop` works in a fresh process."""
     if not _installed():
         pip = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "-e", str(SHOP)]
-        subprocess.run(pip, check=True, timeout=300)
-    listed = subprocess.run(
-        [sys.executable, "-m", "simplan.scripts.cli", "envs", "list"], capture_output=True, text=True, timeout=120
-    )
+        subprocess.run(pip, check=True, timeout=300, capture_output=True)
+    cli = [sys.executable, "-m", "simplan.scripts.cli", "envs"]
+    listed = subprocess.run([*cli, "list"], capture_output=True, text=True, timeout=120)
     assert listed.returncode == 0, listed.stderr
     assert "from plugin: simplan-shop 0.1.0 (simplan_shop.env:ShopEnv)" in listed.stdout
+    checked = subprocess.run(
+        [*cli, "check", "shop", "--progress", "false"], capture_output=True, text=True, timeout=120
+    )
+    assert checked.returncode == 0 and "shop: all checks passed" in checked.stdout, checked.stdout + checked.stderr
+    # This process read the venv's .pth files before the install: it sees the entry point, not yet the module.
     importlib.invalidate_caches()
-    if _installed():  # this process sees the new distribution too: the whole path by name
-        _pipeline(tmp_path, "shop", capsys)
+    monkeypatch.syspath_prepend(str(SHOP))
+    _pipeline(tmp_path, "shop", capsys)
