@@ -369,7 +369,7 @@ def check_arms_start(engine: Engine, slot: EnvSlot, specs: list[EpisodeSpec], co
     for spec in specs:
         if spec.arm not in seen:
             seen.add(spec.arm)
-            Planner(engine, slot.env_for(spec.entry), configs[_config_key(spec)])
+            Planner(engine, slot.env_for(spec.entry), configs[_config_key(spec)]).close()
 
 
 class EnvSlot:
