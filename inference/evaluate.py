@@ -357,7 +357,11 @@ def run_episode(
     """One episode with the planning loop (the only coupling to inference/planner.py)."""
     from simplan.inference.planner import Planner
 
-    return Planner(engine, env, config, count_tokens=count_tokens).run(task, episode_id=episode_id)
+    planner = Planner(engine, env, config, count_tokens=count_tokens)
+    try:
+        return planner.run(task, episode_id=episode_id)
+    finally:
+        planner.close()  # the env oracle's copies (simulator: env) are per episode: their JVMs end with it
 
 
 def check_arms_start(engine: Engine, slot: EnvSlot, specs: list[EpisodeSpec], configs: dict[Any, Any]) -> None:
