@@ -172,6 +172,19 @@ def test_a_batch_mixing_sessions_equals_running_them_apart(engine):
     engine.end_session("b")
 
 
+def test_a_batch_of_branches_of_one_session_equals_cold(engine):
+    """Rollout branches: several prompts of ONE session in one batch, each extending the cached prompt and
+    diverging from the others (each row's prefill crops and extends the session's cache in turn)."""
+    s = "branches"
+    engine.generate([gen(TURN1, None, s)])
+    batch = [gen(TURN2, None, s), gen(BRANCH, None, s), gen(TURN2, None, s)]
+    warm = engine.generate(batch)
+    common = shared(engine, TURN2, BRANCH)
+    assert [r.cached_tokens for r in warm] == [shared(engine, TURN1, TURN2), common, common]
+    same_generation(warm, engine.generate([gen(TURN2), gen(BRANCH), gen(TURN2)]))
+    engine.end_session(s)
+
+
 def test_end_session_frees_and_the_cache_is_bounded(engine):
     engine.generate([gen(TURN1, "decider", "ends")])
     engine.score([ScoreRequest(CHOICES, messages=TURN1, session="ends")])

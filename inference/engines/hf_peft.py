@@ -369,20 +369,23 @@ class HFPeftEngine:
         from transformers import DynamicCache
 
         width = max(len(p) for p in prompts) - 1
-        rows, reused = [], []
+        rows: list[list[tuple[Any, Any]]] = []  # per row, per layer: (keys, values) of all but the last token
+        reused = []
         for r, p in zip(reqs, prompts):
             kv, _, k = self._prefill(r.session, r.adapter, p, need_logits=False)
-            rows.append(kv)
+            # Taken now: rows of one session share its cache object, which the next row's prefill crops and
+            # extends (by rebinding new tensors: the ones taken here stay as they are).
+            rows.append([(layer.keys[0, :, : len(p) - 1], layer.values[0, :, : len(p) - 1]) for layer in kv.layers])
             reused.append(min(k, len(p) - 1))
         layers = []
-        for layer in range(len(rows[0].layers)):
+        for layer in range(len(rows[0])):
             stacked = []
-            for part in ("keys", "values"):
-                first = getattr(rows[0].layers[layer], part)
-                batch = first.new_zeros((len(rows), first.shape[1], width, first.shape[3]))
-                for i, (kv, p) in enumerate(zip(rows, prompts)):
-                    n = len(p) - 1
-                    batch[i, :, width - n :] = getattr(kv.layers[layer], part)[0, :, :n]
+            for part in (0, 1):  # keys, values
+                first = rows[0][layer][part]
+                batch = first.new_zeros((len(rows), first.shape[0], width, first.shape[2]))
+                for i, row in enumerate(rows):
+                    t = row[layer][part]
+                    batch[i, :, width - t.shape[1] :] = t
                 stacked.append(batch.repeat_interleave(reqs[0].n, dim=0))
             layers.append((stacked[0], stacked[1]))
         return DynamicCache(ddp_cache_data=layers), reused
