@@ -139,7 +139,11 @@ class EnvOracle:
 
     # -- replay ------------------------------------------------------------------------------------
     def _replay(self, task: Task, tkey: str, actions: list[Action], keys: list[str], deadline: float) -> Observation:
-        copy = self._pick(tkey, keys)
+        try:
+            copy = self._pick(tkey, keys)
+        except Exception as e:  # the factory failed (no JVM, a missing package): no prediction, the episode goes on
+            self.stats.errors += 1
+            raise OracleError(f"oracle: could not make an env copy: {type(e).__name__}: {e}") from e
         self._clock += 1
         copy.used = self._clock
         try:
@@ -164,7 +168,7 @@ class EnvOracle:
             copy.task_key, copy.stepped = "", []
             self.stats.errors += 1
             raise OracleError(f"oracle: the env copy failed on {task.task_id}: {type(e).__name__}: {e}") from e
-        if obs is None:  # unreachable: _pick never returns a copy that has stepped all of `keys` (that is cached)
+        if obs is None:  # unreachable: _pick never returns a copy that has already stepped all of `keys`
             raise OracleError(f"oracle: nothing was stepped for {task.task_id}")
         return obs
 

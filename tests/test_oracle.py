@@ -236,6 +236,20 @@ def test_planner_oracle_skips_actions_a_transient_fault_did_not_run():
     assert clean and all(e.expectation == e.observation for e in clean)
 
 
+def test_a_failing_oracle_drops_its_rollouts_and_the_episode_goes_on():
+    def broken() -> Env:
+        raise RuntimeError("no JVM here")
+
+    cfg = PlannerConfig(arm="simplan", k=2, horizon=2, adaptive=False, max_history=50, simulator="env")
+    planner = Planner(_engine(), ToyEnv(), cfg, oracle=EnvOracle(broken))
+    trace = planner.run(TOY_TASKS[1]).trace
+    planner.close()
+    assert trace.of_type("end")[0].success  # acted on the decider's first actions alone
+    failures = trace.of_type("parse_failure")
+    assert failures and all(f.role == "simulator" and "could not make an env copy" in f.reason for f in failures)
+    assert all(e.expectation is None for e in trace.of_type("act"))
+
+
 def test_oracle_arm_preset_and_eval_accept_it():
     cfg = PlannerConfig(arm="simplan-oracle")
     assert (cfg.simulator, cfg.k, cfg.horizon, cfg.pivots) == ("env", 3, 3, True)
