@@ -15,7 +15,8 @@ is not timed. Configs run one after another in this process; each is closed befo
 
 Columns: startup_s (engine build; for merged configs merge_s is the one-time merge, cached after),
 gen_tok_per_s (generated tokens / generate seconds), prompt_tok_per_s, score_rows_per_s, and for
-vLLM the prefix-cache hit rate over the timed rounds (cached prompt tokens / prompt tokens).
+vLLM the prefix-cache hit rate of the timed generate calls (cached prompt tokens / prompt tokens;
+vLLM's CPU cache holds whole 128-token blocks, and scoring rows never read it: prompt_logprobs).
 Without --adapters, random rank-16 LoRA adapters on all linear layers (seeded, so their merged copies
 are reused across runs) are made in a temp folder: the same cost as trained ones.
 """
@@ -123,8 +124,8 @@ def cache_totals(engine) -> tuple[int, int]:
     read = getattr(engine, "prefix_cache_stats", None)
     if read is None:
         return 0, 0
-    stats = read()
-    parts = list(stats.values()) if stats and isinstance(next(iter(stats.values())), dict) else [stats]
+    stats = read()  # VLLMEngine: one dict of counts; MergedEngine: one per model ({} over hf models)
+    parts = [stats] if "prompt_tokens" in stats else list(stats.values())
     return sum(int(s["prompt_tokens"]) for s in parts), sum(int(s["cached_tokens"]) for s in parts)
 
 

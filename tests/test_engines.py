@@ -417,3 +417,25 @@ def test_shared_prefix_scoring_equals_full_rows_on_qwen2():
     reqs = [ScoreRequest(candidates=CHOICES + ["take key holder", "take keys"], messages=m) for m in PROMPTS]
     for f, s in zip(fast.score(reqs), slow.score(reqs)):
         assert f.logprobs == pytest.approx(s.logprobs, abs=1e-4)
+
+
+# ------------------------------------------------------------------------- prefix caching (issue 16)
+def test_serve_command_turns_prefix_caching_on(tiny):
+    from simplan.inference.serve import ServeConfig, server_command
+
+    base, adapters = tiny
+    assert "--enable-prefix-caching" in server_command(ServeConfig(model="tiny", port=8123), base)
+
+
+@pytest.mark.vllm
+def test_vllm_reports_prefix_cache_hits(vllm_engine):
+    """A long prompt sent twice: the second time its whole 128-token blocks come from the prefix cache."""
+    long = [{"role": "user", "content": "You are in a hall. " * 60 + "Next action?"}]
+    before = vllm_engine.prefix_cache_stats()
+    vllm_engine.generate([GenerationRequest(adapter="decider", messages=long, max_tokens=2)])
+    vllm_engine.generate([GenerationRequest(adapter="decider", messages=long, max_tokens=2)])
+    after = vllm_engine.prefix_cache_stats()
+    sent = after["prompt_tokens"] - before["prompt_tokens"]
+    cached = after["cached_tokens"] - before["cached_tokens"]
+    assert sent > 2 * 256 and 256 <= cached < sent / 2  # the second copy, block-aligned, minus its last block
+    assert 0 < after["hit_rate"] <= 1

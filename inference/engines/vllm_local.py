@@ -180,15 +180,17 @@ class VLLMEngine:
         return results
 
     def _run(self, prompts: list[Any], params: Any, loras: list[Any]) -> list[Any]:
-        """`LLM.generate`, counting prompt tokens and prefix-cache hits per request."""
+        """`LLM.generate`, counting prompt tokens and prefix-cache hits of the requests that may read the cache."""
         outputs = self.llm.generate(prompts, params, lora_request=loras, use_tqdm=False)
-        for out in outputs:
+        for out, p in zip(outputs, params if isinstance(params, list) else [params] * len(outputs)):
+            if p.skip_reading_prefix_cache:  # scoring rows (prompt_logprobs): would only dilute the rate
+                continue
             self._prefix_tokens["prompt"] += len(out.prompt_token_ids or [])
             self._prefix_tokens["cached"] += out.num_cached_tokens or 0
         return outputs
 
     def prefix_cache_stats(self) -> dict[str, float]:
-        """Prompt tokens sent, those served from vLLM's prefix cache, and the hit rate (cached / prompt).
+        """Generation prompt tokens sent, those served from vLLM's prefix cache, and the hit rate (cached / prompt).
 
         Counted from each RequestOutput's `num_cached_tokens` (the scheduler's prefix-cache hit for that
         request) rather than `LLM.get_metrics()`: those Prometheus counters need stat logging on (a log line
