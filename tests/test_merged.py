@@ -120,6 +120,21 @@ def test_merged_engine_routes_by_adapter_and_counts_each_call_once(merged):
         merged.generate([GenerationRequest(adapter="planner", messages=PROMPTS[0])])
 
 
+def test_merged_hf_keeps_each_sessions_prefix_and_frees_it(merged):
+    from simplan.inference.engine import MeteredEngine, SessionEngine
+
+    assert isinstance(merged, SessionEngine)  # MeteredEngine forwards end_session only to SessionEngines
+    meter = MeteredEngine(merged, session="episode-1")
+    later = PROMPTS[0] + [{"role": "assistant", "content": "go north"}, {"role": "user", "content": "A dark room."}]
+    for adapter in ("decider", "simulator"):
+        meter.generate([GenerationRequest(adapter=adapter, messages=PROMPTS[0], max_tokens=2)])
+    (warm,) = meter.generate([GenerationRequest(adapter="decider", messages=later, max_tokens=2)])
+    assert warm.cached_tokens > 0  # the decider's merged model reused the session's first prompt
+    meter.end_session()
+    (cold,) = meter.generate([GenerationRequest(adapter="simulator", messages=later, max_tokens=2)])
+    assert cold.cached_tokens == 0  # freed in the simulator's sub-engine too
+
+
 def test_merged_folder_is_cached_keyed_by_content_and_keeps_prompt_settings(tiny, cache, tmp_path, monkeypatch):
     import peft
 

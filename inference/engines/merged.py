@@ -37,6 +37,7 @@ from simplan.inference.engine import (
     GenerationResult,
     ScoreRequest,
     ScoreResult,
+    SessionEngine,
 )
 from simplan.inference.engines.common import account, check_adapter, timer
 
@@ -115,7 +116,8 @@ class MergedEngine:
     """Engine protocol over one plain sub-engine per model (base, and each adapter merged); see the module docstring.
 
     `opts` are the backend's options (dtype, threads, ...), given to every sub-engine. `usage` counts
-    each generate/score call once, however many sub-engines it reached.
+    each generate/score call once, however many sub-engines it reached. Requests keep their `session`,
+    so each hf sub-engine keeps its own prefix cache per episode; `end_session` frees it in all of them.
     """
 
     def __init__(
@@ -174,6 +176,12 @@ class MergedEngine:
                     results[i] = res
         account(self.usage, results, t[0])
         return results
+
+    def end_session(self, session: str) -> None:
+        """Free `session`'s state (the hf prefix cache) in every sub-engine that keeps some."""
+        for engine in self.engines.values():
+            if isinstance(engine, SessionEngine):
+                engine.end_session(session)
 
     def prefix_cache_stats(self) -> dict[str, dict[str, float]]:
         """Each vLLM sub-engine's prefix-cache counters, by role ("base", or the adapter name); {} for hf."""
