@@ -283,6 +283,18 @@ class Candidate:
     meta: dict[str, Any]
 
 
+def trajectory_meta(traj: Trajectory) -> dict[str, Any]:
+    """The columns every example row has about the episode it comes from."""
+    return {
+        "env": traj.env,
+        "task_id": traj.task.task_id,
+        "fold": traj.task.fold,
+        "family": traj.task.family,
+        "trajectory_id": traj.id,
+        "policy": traj.policy,
+    }
+
+
 def make_candidates(trajectories: list[Trajectory], cfg: BuildConfig, counts: Counter) -> list[Candidate]:
     """One candidate per step that the role learns from; `counts` collects skipped steps by reason."""
     decider = cfg.role == "decider"
@@ -299,12 +311,7 @@ def make_candidates(trajectories: list[Trajectory], cfg: BuildConfig, counts: Co
             action = fmt.render_action(step.action)
             completion = action if decider else fmt.observation_completion(step.next_observation)
             meta = {
-                "env": traj.env,
-                "task_id": traj.task.task_id,
-                "fold": traj.task.fold,
-                "family": traj.task.family,
-                "trajectory_id": traj.id,
-                "policy": traj.policy,
+                **trajectory_meta(traj),
                 "step": step.index,
                 "source": step.source,
                 "error": step.error,
@@ -524,12 +531,7 @@ def conversation_rows(
                 "valid_actions": [list(t.valid_actions or []) if t is not None else [] for t in turns],
                 "sources": [steps[t].source if t in steps else "" for t in ex.steps],
                 "errors": [bool(steps[t].error) if t in steps else False for t in ex.steps],
-                "env": traj.env,
-                "task_id": traj.task.task_id,
-                "fold": traj.task.fold,
-                "family": traj.task.family,
-                "trajectory_id": traj.id,
-                "policy": traj.policy,
+                **trajectory_meta(traj),
                 "role": cfg.role,
                 "window_start": ex.window[0],
                 "window_end": ex.window[1],
