@@ -133,17 +133,50 @@ def parse_config(
             values[name] = value
     cli = vars(ns)
     values.update({k: v for k, v in cli.items() if k in owner})
+    try:
+        out = list(instantiate(classes, values, f" (from {ns.config})" if ns.config else ""))
+    except ValueError as e:
+        parser.error(str(e))
+    if extra is not None:
+        out.append(argparse.Namespace(**{k: v for k, v in cli.items() if k not in owner and k != "config"}))
+    return tuple(out)
+
+
+def instantiate(classes: list[type], values: dict[str, Any], where: str = "") -> tuple[Any, ...]:
+    """One instance per class from the flat `values` (each class takes its own fields); a bad value is a
+    ValueError naming the class, `where` it came from and the field (its `__post_init__` message)."""
     out = []
     for cls in classes:
         kwargs = {f.name: values[f.name] for f in dataclasses.fields(cls) if f.name in values}
         try:
             out.append(cls(**kwargs))
         except (TypeError, ValueError) as e:
-            where = f" (from {ns.config})" if ns.config else ""
-            parser.error(f"{cls.__name__}{where}: {e}")
-    if extra is not None:
-        out.append(argparse.Namespace(**{k: v for k, v in cli.items() if k not in owner and k != "config"}))
+            raise ValueError(f"{cls.__name__}{where}: {e}") from None
     return tuple(out)
+
+
+def load_configs(
+    classes: list[type],
+    recipe: str | Path | None = None,
+    overrides: dict[str, Any] | None = None,
+    overrides_from: str = "overrides",
+) -> tuple[Any, ...]:
+    """`parse_config` without a command line, for code that runs commands' stages as library calls.
+
+    The recipe's keys give defaults and `overrides` (field names, values as a YAML recipe holds them)
+    win, as flags do on the command line. An unknown key is a ValueError naming the recipe (or
+    `overrides_from`, where the overrides were written) and the key; a bad value one naming the class
+    and the field.
+    """
+    owner = {f.name for cls in classes for f in dataclasses.fields(cls) if f.init}
+    values: dict[str, Any] = {}
+    for source, mapping in ((str(recipe), load_yaml(recipe) if recipe else {}), (overrides_from, overrides or {})):
+        for key, value in mapping.items():
+            name = key.replace("-", "_")
+            if name not in owner:
+                raise ValueError(f"{source}: unknown key {key!r}; valid keys: {', '.join(sorted(owner))}")
+            values[name] = value
+    return instantiate(classes, values, f" (from {recipe})" if recipe else "")
 
 
 def to_dict(*configs: Any) -> dict[str, Any]:

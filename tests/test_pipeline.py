@@ -8,14 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from simplan.scripts import pipeline as pl
+from simplan.inference import pipeline as pl
+from simplan.scripts.config import parse_config
+from simplan.scripts.pipeline import main
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
 def fake_stages(monkeypatch):
-    """Every stage writes one output file and records that it ran; argv follows the config's dicts."""
+    """Every stage writes one output file and records that it ran; its config is the pipeline's section."""
     ran: list[str] = []
 
     def stage(self: pl.Pipeline, name: str) -> pl.Stage:
@@ -23,14 +25,14 @@ def fake_stages(monkeypatch):
         idx = pl.STAGES.index(name)
         section = {"collect-train": self.cfg.collect_train, "eval": self.cfg.eval}.get(name, {})
 
-        def run(argv: list[str]) -> int:
+        def run() -> str:
             ran.append(name)
             out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(" ".join(argv))
-            return 0
+            out.write_text(json.dumps(section))
+            return f"{name} result"
 
         depends = [pl.STAGES[idx - 1]] if idx else []
-        return pl.Stage(name, name, pl.flags(section), [out], run, depends, clear=[out])
+        return pl.Stage(name, f"simplan {name}", dict(section), [out], run, depends, clear=[out])
 
     monkeypatch.setattr(pl.Pipeline, "stage", stage)
     monkeypatch.setattr(pl, "resolve_base_model", lambda name, fetch=True: "/fake/model")
@@ -39,40 +41,38 @@ def fake_stages(monkeypatch):
 
 def test_stages_are_reused_and_changes_propagate(tmp_path, fake_stages) -> None:
     out = str(tmp_path / "p")
-    assert pl.main(["--out", out]) == 0
+    assert main(["--out", out]) == 0
     assert fake_stages == list(pl.STAGES)
     marker = json.loads((tmp_path / "p" / ".stages" / "eval.json").read_text())
     assert marker["stage"] == "eval" and len(marker["hash"]) == 16
 
     fake_stages.clear()
-    assert pl.main(["--out", out]) == 0
+    assert main(["--out", out]) == 0
     assert fake_stages == []  # everything complete: reused
 
     fake_stages.clear()
-    assert pl.main(["--out", out, "--eval", "{episodes: 3}"]) == 0
+    assert main(["--out", out, "--eval", "{episodes: 3}"]) == 0
     assert fake_stages == ["eval", "report"]  # eval changed, report depends on it
 
     fake_stages.clear()
-    assert pl.main(["--out", out, "--eval", "{episodes: 3}", "--collect_train", "{limit: 2}"]) == 0
+    assert main(["--out", out, "--eval", "{episodes: 3}", "--collect_train", "{limit: 2}"]) == 0
     assert fake_stages == list(pl.STAGES)  # a change upstream re-runs everything downstream
 
     fake_stages.clear()
-    assert (
-        pl.main(["--out", out, "--eval", "{episodes: 3}", "--collect_train", "{limit: 2}", "--force", "report"]) == 0
-    )
+    assert main(["--out", out, "--eval", "{episodes: 3}", "--collect_train", "{limit: 2}", "--force", "report"]) == 0
     assert fake_stages == ["report"]
 
 
 def test_missing_output_or_unselected_incomplete_stage(tmp_path, fake_stages, capsys) -> None:
     out = tmp_path / "p"
-    assert pl.main(["--out", str(out), "--stages", "collect-train,collect-dev"]) == 0
+    assert main(["--out", str(out), "--stages", "collect-train,collect-dev"]) == 0
     assert fake_stages == ["collect-train", "collect-dev"]
     # eval selected, but the stages before it never ran: refused with the command to run
-    assert pl.main(["--out", str(out), "--stages", "eval"]) == 1
+    assert main(["--out", str(out), "--stages", "eval"]) == 1
     assert "not complete" in capsys.readouterr().err
     (out / "collect-dev.out").unlink()  # an output deleted by hand: the stage is not complete any more
     fake_stages.clear()
-    assert pl.main(["--out", str(out), "--stages", "collect-train,collect-dev"]) == 0
+    assert main(["--out", str(out), "--stages", "collect-train,collect-dev"]) == 0
     assert fake_stages == ["collect-dev"]
 
 
@@ -84,6 +84,110 @@ def test_flags_and_config_validation() -> None:
         pl.PipelineConfig(force=["trian"])
     with pytest.raises(ValueError, match="set by the pipeline"):
         pl.PipelineConfig(eval={"out": "x"})
+
+
+def test_time_left_and_summary(tmp_path, fake_stages, capsys) -> None:
+    out = str(tmp_path / "p")
+    assert main(["--out", out, "--estimates", "{collect-train: 2, eval: 1}"]) == 0
+    text = capsys.readouterr().out
+    assert "=== [1/9] collect-train === time left: about 3 min or more (from recipe estimates: 2;" in text
+    assert "no estimate for collect-dev, model," in text
+    # collect-dev has no estimate of its own: its twin's time in this run stands in
+    assert "=== [2/9] collect-dev === time left:" in text and "collect-train this run: 1" in text
+    summary = text[text.index("pipeline summary") :]
+    assert "collect-train    ran" in summary and "collect-train result" in summary
+    assert "report: " not in summary  # the fake report stage writes no report.html
+
+    assert main(["--out", out, "--force", "eval"]) == 0
+    text = capsys.readouterr().out
+    # eval re-runs, report is reused (eval's configuration is unchanged); the time comes from the last run
+    assert "=== [8/9] eval === time left: about 0 s (from earlier runs here: 1)" in text
+    summary = text[text.index("pipeline summary") :]
+    assert "collect-train    reused" in summary and "eval             ran" in summary
+    assert "report           reused" in summary
+
+
+def test_a_failing_stage_is_summarised_with_its_command(tmp_path, fake_stages, monkeypatch, capsys) -> None:
+    fake = pl.Pipeline.stage
+
+    def stage(self: pl.Pipeline, name: str) -> pl.Stage:
+        st = fake(self, name)
+        if name == "train-decider":
+            st.run = lambda: (_ for _ in ()).throw(ValueError("max_length: all 3 training examples are longer"))
+        return st
+
+    monkeypatch.setattr(pl.Pipeline, "stage", stage)
+    assert main(["--out", str(tmp_path / "p")]) == 1
+    captured = capsys.readouterr()
+    assert "[6/9] train-decider failed: max_length: all 3" in captured.err
+    assert "run the stage alone: simplan train-decider" in captured.err
+    assert "train-decider    failed" in captured.out and "build-simulator  ran" in captured.out
+    assert fake_stages[-1] == "build-simulator"
+
+
+def test_stage_configs_come_from_the_recipes(tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.chdir(REPO)
+    argv = ["--config", "recipes/pipeline/twx-smollm2.yaml", "--out", str(tmp_path / "p")]
+    (cfg,) = parse_config([pl.PipelineConfig], argv)
+    pipeline = pl.Pipeline(cfg)
+    pipeline.model_path = "/models/smollm2"
+    train = pipeline.stage("train-decider")
+    assert train.config["TrainArguments"]["max_steps"] == 60  # the pipeline's train keys override the recipe
+    assert train.config["TrainArguments"]["learning_rate"] == 8.0e-4  # the recipe's own value
+    assert train.config["ModelArguments"]["model"] == "/models/smollm2"
+    assert train.config["DataArguments"]["dataset"] == str(tmp_path / "p" / "datasets" / "decider" / "dataset")
+    assert train.command.startswith("simplan train --config recipes/smollm2-135m-instruct/twx/decider.yaml ")
+    collect_train = pipeline.stage("collect-train").config["collect"]  # the fields that differ from the defaults
+    assert collect_train["policies"] == ["expert", "noisy_expert", "random"] and collect_train["branches"] == 2
+    collect_dev = pipeline.stage("collect-dev").config["collect"]  # collect_dev's keys over the recipe's
+    assert "policies" not in collect_dev and "branches" not in collect_dev  # back to the defaults
+    assert collect_dev["limit"] == 3 and collect_dev["workers"] == 2
+    assert pipeline.stage("build-simulator").config["build"]["max_prompt_tokens"] == 640
+    eval_stage = pipeline.stage("eval")
+    assert eval_stage.config["engine"]["concurrency"] == 12 and eval_stage.config["eval"]["max_steps"] == 25
+
+    # a recipe file's contents are part of the stage's configuration: an edit re-runs the stage
+    recipe = tmp_path / "decider.yaml"
+    recipe.write_text(
+        (REPO / cfg.decider_recipe).read_text().replace("learning_rate: 8.0e-4", "learning_rate: 1.0e-4")
+    )
+    cfg.decider_recipe = str(recipe)
+    assert pipeline.stage("train-decider").config["TrainArguments"]["learning_rate"] == 1e-4
+
+    # a typo in any stage's keys fails before the first stage runs
+    assert main(argv + ["--train", "{max_stepz: 3}"]) == 1
+    err = capsys.readouterr().err
+    assert "train-decider: pipeline keys train/train_decider: unknown key 'max_stepz'" in err
+    assert not (tmp_path / "p" / "data").exists()
+
+
+def test_collect_eval_and_report_stages_call_the_library(tmp_path, capsys) -> None:
+    """Toy env, no model: collect through data.collect, eval with the expert engine, the report, the summary."""
+    out = tmp_path / "p"
+    common = ["--out", str(out), "--env", "toy", "--collect", "{workers: 1, progress: false}"]
+    argv = common + ["--collect_train", "{limit: 2}", "--collect_dev", "{limit: 1}", "--stages", "collect-train"]
+    assert main(argv) == 0
+    lines = (out / "data" / "train.jsonl").read_text().splitlines()
+    assert lines and {json.loads(line)["policy"] for line in lines} == {"expert", "noisy_expert"}
+    marker = json.loads((out / ".stages" / "collect-train.json").read_text())
+    assert marker["config"]["collect"]["limit"] == 2 and marker["command"].startswith("simplan collect --env toy")
+
+    cfg = pl.PipelineConfig(
+        out=str(out),
+        suite="toy-dev",
+        arms=["reactive"],
+        eval={"episodes": 2, "progress": False},
+        engine={"engine": "expert"},
+        title="toy expert",
+    )
+    pipeline = pl.Pipeline(cfg)
+    assert pipeline.stage("eval").run() == "2 episodes"
+    assert pl.arm_success(out / "eval") == [pl.ArmSuccess("reactive", 2, 2)]
+    html = pipeline.stage("report").run()
+    assert html == str(out / "report" / "report.html") and "toy expert" in Path(html).read_text()
+    summary = pipeline.summary()
+    assert "eval success by arm: reactive 2/2 (100%)" in summary
+    assert summary.endswith(f"report: {(out / 'report' / 'report.html').resolve()}")
 
 
 def _stages_available() -> bool:
@@ -100,7 +204,7 @@ def test_toy_tiny_pipeline_end_to_end(tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(REPO)
     out = tmp_path / "toy-tiny"
     argv = ["--config", "recipes/pipeline/toy-tiny.yaml", "--out", str(out)]
-    assert pl.main(argv) == 0
+    assert main(argv) == 0
     report = out / "report" / "report.md"
     assert report.exists() and (out / "report" / "report.html").exists()
     assert (out / "train" / "decider" / "adapter" / "adapter_config.json").exists()
@@ -112,5 +216,5 @@ def test_toy_tiny_pipeline_end_to_end(tmp_path, monkeypatch) -> None:
     assert len(lines) == 6  # 2 toy tasks x 3 arms
     # re-running reuses every stage
     before = {p.name: p.stat().st_mtime for p in (out / ".stages").glob("*.json")}
-    assert pl.main(argv) == 0
+    assert main(argv) == 0
     assert {p.name: p.stat().st_mtime for p in (out / ".stages").glob("*.json")} == before

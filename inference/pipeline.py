@@ -1,0 +1,705 @@
+"""The whole job as library calls: collect, build, fetch, train, evaluate, report; finished stages reused.
+
+    simplan pipeline --config recipes/pipeline/toy-tiny.yaml          # the command (scripts/pipeline.py)
+
+    from simplan.inference.pipeline import Pipeline, PipelineConfig
+    pipeline = Pipeline(PipelineConfig(out="runs/pipeline/toy", env="toy", model="tiny-llama", suite="toy-dev"))
+    result = pipeline.run()             # PipelineResult: each stage's status and seconds, success by arm
+    print(pipeline.summary())
+
+Why here, in inference/: the pipeline is the top of the dependency graph (it calls data/ for collect and
+build, training/ for the model and the adapters, inference/ for eval and report), and inference/ is the
+one package that already depends on the other two (its engines load training's models), so no package
+has to import upward. It ends in the evaluation and its report, which live here too.
+
+Stages, in order; each calls its library function with the command's own config dataclasses, built as
+`simplan <command> --config RECIPE --key value ...` would build them (scripts/config.py `load_configs`):
+
+    collect-train    trajectories of the train fold    out/data/train.jsonl        data.collect.collect(CollectConfig)
+    collect-dev      trajectories of the dev fold      out/data/dev.jsonl          data.collect.collect(CollectConfig)
+    model            the base model, converted once    (a local HF folder)         training.models.resolve_model
+    build-decider    decider dataset                   out/datasets/decider        data.build.build(BuildConfig)
+    build-simulator  simulator dataset                 out/datasets/simulator      data.build.build(BuildConfig)
+    train-decider    LoRA adapter of the decider       out/train/decider/adapter   training.trainer.train(...)
+    train-simulator  LoRA adapter of the simulator     out/train/simulator/adapter training.trainer.train(...)
+    eval             the arms on the eval suite        out/eval/traces.jsonl       inference.evaluate.evaluate
+    report           Markdown + HTML report            out/report/report.html      inference.report.write_report
+
+Reuse and resume: a stage that completes writes `out/.stages/STAGE.json` atomically, with a hash of its
+resolved configuration (the fields that differ from their defaults, recipe files' contents included)
+and of the stages it depends on; it is skipped while that hash matches and its outputs exist. A stage
+interrupted midway resumes (collect, train and eval resume by themselves); one whose configuration
+changed starts over from empty outputs, and so does everything downstream (their hashes include it).
+Every stage's configuration is checked before the first one runs, so a typo fails at once. Each
+stage prints the `simplan` command that runs it alone.
+
+Progress: before a stage runs, `[i/N] STAGE` and the time the stages still to run will take. Each
+guess says where it comes from: the time the stage took when it last ran in this folder (its marker),
+else the pipeline's `estimates` (minutes per stage, from the recipe), else the time its twin took in
+this run (train-simulator after train-decider, ...). The stages show their own progress bars.
+`Pipeline.summary()` is a table of every stage's status and seconds, the eval's success by arm and
+the path of report.html.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from simplan.data.build import BuildConfig
+from simplan.data.collect import CollectConfig
+from simplan.data.io import write_json
+from simplan.inference.engines.config import MODEL_FREE_KINDS, EngineConfig
+from simplan.inference.evaluate import EvalConfig, FolderLockedError
+from simplan.scripts.config import load_configs
+from simplan.training.config import DataArguments, LoraArguments, ModelArguments, TrainArguments
+
+STAGES = (
+    "collect-train",
+    "collect-dev",
+    "model",
+    "build-decider",
+    "build-simulator",
+    "train-decider",
+    "train-simulator",
+    "eval",
+    "report",
+)
+TINY_PREFIX = "tiny-"  # "tiny-llama" / "tiny-qwen2": a tiny random model made on the fly (tests, quick runs)
+TRAIN_CONFIGS = (ModelArguments, LoraArguments, DataArguments, TrainArguments)  # `simplan train`'s dataclasses
+# Errors a stage raises for a cause the user can fix (a bad value, a missing file, an unknown env, a busy
+# eval folder): reported as one line with the command to rerun. Anything else keeps its traceback.
+USER_ERRORS = (ValueError, FileNotFoundError, ImportError, LookupError, FolderLockedError)
+
+
+def _help(text: str) -> dict[str, str]:
+    return {"help": text}
+
+
+@dataclass
+class PipelineConfig:
+    out: str = field(default="runs/pipeline/default", metadata=_help("folder of every stage's outputs"))
+    env: str = field(default="twx", metadata=_help("environment to collect from (simplan envs list)"))
+    families: list[str] | None = field(default=None, metadata=_help("families/games to collect (default: all)"))
+    collect_recipe: str = field(default="", metadata=_help("base `simplan collect` recipe for both folds ('' none)"))
+    collect: dict = field(default_factory=dict, metadata=_help("CollectConfig keys for both folds"))
+    collect_train: dict = field(default_factory=dict, metadata=_help("CollectConfig keys for the train fold"))
+    collect_dev: dict = field(default_factory=dict, metadata=_help("CollectConfig keys for the dev fold"))
+    model: str = field(
+        default="smollm2-135m-instruct",
+        metadata=_help("base model: registry name, HF folder, hub id, or tiny-llama / tiny-qwen2 (random, tests)"),
+    )
+    build: dict = field(default_factory=dict, metadata=_help("BuildConfig keys for both datasets"))
+    decider_recipe: str = field(
+        default="recipes/smollm2-135m-instruct/twx/decider.yaml", metadata=_help("`simplan train` recipe (decider)")
+    )
+    simulator_recipe: str = field(
+        default="recipes/smollm2-135m-instruct/twx/simulator.yaml",
+        metadata=_help("`simplan train` recipe (simulator)"),
+    )
+    train: dict = field(default_factory=dict, metadata=_help("training keys overriding both recipes (max_steps, ...)"))
+    train_decider: dict = field(default_factory=dict, metadata=_help("training keys for the decider only"))
+    train_simulator: dict = field(default_factory=dict, metadata=_help("training keys for the simulator only"))
+    suite: str = field(default="twx-dev-small", metadata=_help("eval suite (recipes/suites/NAME.yaml)"))
+    arms: list[str] = field(default_factory=lambda: ["reactive", "plan", "simplan"], metadata=_help("arms"))
+    eval: dict = field(default_factory=dict, metadata=_help("EvalConfig keys (episodes, planner, faults, ...)"))
+    engine: dict = field(
+        default_factory=lambda: {"engine": "hf"},
+        metadata=_help("EngineConfig keys of the eval engine (engine, dtype, threads, concurrency, ...)"),
+    )
+    title: str = field(default="simplan pipeline report", metadata=_help("report title"))
+    stages: list[str] | None = field(default=None, metadata=_help("run only these stages (default: all)"))
+    force: list[str] = field(default_factory=list, metadata=_help("re-run these stages even when complete"))
+    estimates: dict = field(
+        default_factory=dict,
+        metadata=_help(
+            "minutes each stage takes on your machine, e.g. '{train-decider: 8, eval: 30}': the time left "
+            "printed before a stage has run in this folder (after that, its measured time is used)"
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        for name in ("stages", "force"):
+            bad = sorted(set(getattr(self, name) or []) - set(STAGES))
+            if bad:
+                raise ValueError(f"{name}: unknown stage(s) {bad}; stages are {', '.join(STAGES)}")
+        for section, keys in (("eval", ("out", "engine", "model", "adapters")), ("engine", ("model", "adapters"))):
+            clash = sorted(set(getattr(self, section)) & set(keys))
+            if clash:
+                raise ValueError(f"{section}: {clash} are set by the pipeline itself; remove them")
+        bad_estimates = {
+            k: v
+            for k, v in self.estimates.items()
+            if k not in STAGES or isinstance(v, bool) or not isinstance(v, int | float) or v < 0
+        }
+        if bad_estimates:
+            raise ValueError(
+                f"estimates: {bad_estimates} are not stage: minutes (a number >= 0); stages are {', '.join(STAGES)}"
+            )
+
+
+class StageFailed(RuntimeError):
+    pass
+
+
+# ---------------------------------------------------------------------------------------------
+# Stage records: what each stage depends on, and what the summary shows
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class Stage:
+    name: str
+    command: str  # the `simplan ...` command that runs this stage alone (printed, never parsed)
+    config: dict[str, Any]  # what the outputs depend on: hashed, together with the hashes of `depends`
+    outputs: list[Path]  # must exist for the stage to count as complete
+    run: Callable[[], str]  # does the work; returns a short result for the summary
+    depends: list[str] = field(default_factory=list)
+    clear: list[Path] = field(default_factory=list)  # removed when the configuration changed
+
+
+@dataclass
+class StageRecord:
+    name: str
+    status: str  # ran, reused, not selected, failed, interrupted
+    seconds: float | None  # this run's for a stage that ran; the run that made them for reused outputs
+    result: str = ""
+
+
+@dataclass
+class ArmSuccess:
+    arm: str
+    successes: int
+    episodes: int
+
+
+@dataclass
+class PipelineResult:
+    report: Path
+    stages: list[StageRecord]
+    arms: list[ArmSuccess]
+
+
+def changed_fields(config: Any) -> dict[str, Any]:
+    """The fields of a config dataclass that differ from their defaults: what a stage's hash covers.
+
+    Defaults are left out so that a field added to a config class later (whose default keeps the old
+    behaviour) does not make every finished stage look changed and start over."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(config):
+        if f.default is not dataclasses.MISSING:
+            default: Any = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            default = dataclasses.MISSING
+        value = getattr(config, f.name)
+        if value != default:
+            out[f.name] = value
+    return out
+
+
+def flags(values: dict[str, Any]) -> list[str]:
+    """Command-line flags for a mapping (for the printed commands): lists comma-joined, mappings as YAML flow.
+
+    {"max_steps": 40, "families": ["a", "b"]} -> ["--max_steps", "40", "--families", "a,b"]
+    """
+    out: list[str] = []
+    for key, value in values.items():
+        if value is None:
+            text = "none"
+        elif isinstance(value, bool):
+            text = "true" if value else "false"
+        elif isinstance(value, list | tuple):
+            text = ",".join(str(v) for v in value)
+        elif isinstance(value, dict):
+            text = json.dumps(value)  # YAML flow syntax: the flag parses it with yaml.safe_load
+        else:
+            text = str(value)
+        out += [f"--{key}", text]
+    return out
+
+
+def command_line(command: str, args: list[str]) -> str:
+    return f"simplan {command} " + " ".join(_quote(a) for a in args)
+
+
+def _quote(arg: str) -> str:
+    return arg if arg and all(c.isalnum() or c in "-_./=,:" for c in arg) else "'" + arg.replace("'", "'\\''") + "'"
+
+
+def _hash(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+# ---------------------------------------------------------------------------------------------
+# The stages' work: one library call each
+# ---------------------------------------------------------------------------------------------
+def run_collect(cfg: CollectConfig) -> str:
+    from simplan.data.collect import collect
+
+    report = collect(cfg)
+    print(report.summary(), flush=True)
+    if report.unfinished:
+        raise StageFailed(f"{report.unfinished} episode(s) could not be written to {cfg.out}")
+    errored = report.statuses["errored"]
+    return f"{report.planned} episodes" + (f", {errored} errored" if errored else "")
+
+
+def run_build(cfg: BuildConfig) -> str:
+    from simplan.data.build import build, stats_markdown
+
+    result = build(cfg)
+    stats = result.stats
+    print(stats_markdown(stats), flush=True)
+    if stats["malformed_lines"]:
+        print(f"build: {stats['malformed_lines']} bad input line(s) skipped; see {result.paths['stats']}", flush=True)
+    total = stats["examples"]["total"]
+    if not total:
+        raise StageFailed(f"no example survived in {cfg.out}; see the dropped counts above")
+    return f"{total} examples"
+
+
+def run_train(
+    model_args: ModelArguments, lora_args: LoraArguments, data_args: DataArguments, train_args: TrainArguments
+) -> str:
+    from simplan.training.trainer import train  # torch and transformers only once a stage trains
+
+    metrics = train(model_args, lora_args, data_args, train_args).metrics
+    losses = [f"{k} {metrics[k]:.3f}" for k in ("train_loss", "eval_loss") if isinstance(metrics.get(k), float)]
+    return ", ".join([f"{metrics['global_step']} steps", *losses])
+
+
+def engine_info(cfg: EngineConfig) -> dict[str, str]:
+    """What eval_config.json records of the engine, as `simplan eval` records it, so the printed eval
+    command resumes the pipeline's eval folder."""
+    if cfg.engine in MODEL_FREE_KINDS:  # no model: the model and adapters change nothing
+        return {"engine": cfg.engine, "model": "", "adapters": ""}
+    return {"engine": cfg.engine, "model": cfg.model, "adapters": cfg.adapters}
+
+
+def run_eval(eval_cfg: EvalConfig, engine_cfg: EngineConfig) -> str:
+    from simplan.inference.engines import engine_from_config
+    from simplan.inference.evaluate import check_unlocked, evaluate
+
+    check_unlocked(Path(eval_cfg.out))  # before minutes of engine loading; evaluate() holds the lock
+    print(f"eval: loading engine {engine_cfg.engine} {engine_cfg.model}", flush=True)
+    engine = engine_from_config(engine_cfg)
+    try:
+        outcome = evaluate(eval_cfg, engine, concurrency=engine_cfg.concurrency, engine_info=engine_info(engine_cfg))
+    finally:
+        engine.close()
+    print(
+        f"eval: {outcome.ran} episode(s) run in {outcome.seconds:.1f}s ({outcome.skipped} already done, "
+        f"{outcome.errored} errored) of {outcome.planned}",
+        flush=True,
+    )
+    return f"{outcome.planned} episodes" + (f", {outcome.errored} errored" if outcome.errored else "")
+
+
+def run_report(run: Path, out: Path, title: str) -> str:
+    from simplan.inference.report import write_report
+
+    return str(write_report([run], out, title=title)["html"])
+
+
+def resolve_base_model(name: str, fetch: bool = True) -> str:
+    """A local folder for `name`; tiny-llama / tiny-qwen2 build a tiny random model (cached)."""
+    if name.startswith(TINY_PREFIX):
+        from simplan.training.tiny import tiny_model
+
+        return str(tiny_model(name[len(TINY_PREFIX) :]))
+    from simplan.training.models import resolve_model
+
+    return resolve_model(name, fetch=fetch)
+
+
+def arm_success(run: Path) -> list[ArmSuccess]:
+    """Successes per arm of an eval folder, from its traces (as the report counts them); [] before any."""
+    if not (run / "traces.jsonl").exists():
+        return []
+    from simplan.inference.report import load_run_data
+
+    return [ArmSuccess(m.arm, m.successes, m.episodes) for m in load_run_data(run).arms]
+
+
+# ---------------------------------------------------------------------------------------------
+# Time left
+# ---------------------------------------------------------------------------------------------
+TWINS = {"collect-dev": "collect-train", "build-simulator": "build-decider", "train-simulator": "train-decider"}
+
+
+@dataclass
+class TimeLeft:
+    """Guesses of how long stages take, each with its source (see the module docstring)."""
+
+    earlier: dict[str, float]  # seconds, measured when the stage last ran in this folder
+    recipe: dict[str, float]  # seconds, from PipelineConfig.estimates
+    now: dict[str, float] = field(default_factory=dict)  # seconds, measured in this run
+
+    def guess(self, name: str) -> tuple[float | None, str]:
+        if name in self.earlier:
+            return self.earlier[name], "earlier runs here"
+        if name in self.recipe:
+            return self.recipe[name], "recipe estimates"
+        twin = TWINS.get(name)
+        if twin in self.now:
+            return self.now[twin], f"{twin} this run"
+        return None, ""
+
+    def line(self, stages: list[str]) -> str:
+        """'about 23 min left (earlier runs here: 4 stages, recipe estimates: 2; no estimate for eval)'."""
+        total = 0.0
+        sources: dict[str, int] = {}
+        unknown: list[str] = []
+        for name in stages:
+            seconds, source = self.guess(name)
+            if seconds is None:
+                unknown.append(name)
+                continue
+            total += seconds
+            sources[source] = sources.get(source, 0) + 1
+        if not sources:
+            return f"time left: no estimate yet (set `estimates` in the recipe; unknown: {', '.join(unknown)})"
+        parts = [f"{source}: {n}" for source, n in sources.items()]
+        text = f"time left: about {duration(total)}{' or more' if unknown else ''} (from {', '.join(parts)}"
+        return text + (f"; no estimate for {', '.join(unknown)})" if unknown else ")")
+
+
+def duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60):02d} min"
+
+
+# ---------------------------------------------------------------------------------------------
+# The pipeline
+# ---------------------------------------------------------------------------------------------
+class Pipeline:
+    def __init__(self, cfg: PipelineConfig) -> None:
+        self.cfg = cfg
+        self.out = Path(cfg.out)
+        self.markers = self.out / ".stages"
+        self.hashes: dict[str, str] = {}
+        self.model_path: str | None = None
+        self.records: list[StageRecord] = []
+
+    # -- paths ---------------------------------------------------------------------------------
+    def data(self, fold: str) -> Path:
+        return self.out / "data" / f"{fold}.jsonl"
+
+    def dataset(self, role: str) -> Path:
+        return self.out / "datasets" / role
+
+    def train_dir(self, role: str) -> Path:
+        return self.out / "train" / role
+
+    def report_html(self) -> Path:
+        return self.out / "report" / "report.html"
+
+    # -- stages --------------------------------------------------------------------------------
+    def stage(self, name: str) -> Stage:
+        """The stage's configuration from the pipeline's; ValueError names a bad key or value."""
+        if name.startswith("collect-"):
+            return self._collect(name.split("-", 1)[1])
+        if name == "model":
+            model = self.cfg.model
+            return Stage(name, command_line("models fetch", [model]), {"model": model}, [], self._fetch_model)
+        if name.startswith("build-"):
+            return self._build(name.split("-", 1)[1])
+        if name.startswith("train-"):
+            return self._train(name.split("-", 1)[1])
+        if name == "eval":
+            return self._eval()
+        if name == "report":
+            run, out, title = self.out / "eval", self.out / "report", self.cfg.title
+            config = {"runs": [str(run)], "out": str(out), "title": title}
+            command = command_line("report", [str(run), "--out", str(out), "--title", title])
+            return Stage(name, command, config, [self.report_html()], lambda: run_report(run, out, title), ["eval"])
+        raise ValueError(f"unknown stage {name!r}")
+
+    def _model(self) -> str:
+        # The model stage sets the folder before any stage that needs it runs; until then (when every
+        # stage's configuration is checked up front) the name stands in for it.
+        return self.model_path or self.cfg.model
+
+    def _collect(self, fold: str) -> Stage:
+        cfg = self.cfg
+        values = {
+            "env": cfg.env,
+            "fold": fold,
+            **({"families": cfg.families} if cfg.families else {}),
+            **cfg.collect,
+            **(cfg.collect_train if fold == "train" else cfg.collect_dev),
+            "out": str(self.data(fold)),
+        }
+        recipe = cfg.collect_recipe or None
+        (collect_cfg,) = load_configs([CollectConfig], recipe, values, f"pipeline keys collect/collect_{fold}")
+        args = (["--config", cfg.collect_recipe] if recipe else []) + flags(values)
+        out = self.data(fold)
+        return Stage(
+            f"collect-{fold}",
+            command_line("collect", args),
+            {"collect": changed_fields(collect_cfg)},
+            [out],
+            lambda: run_collect(collect_cfg),
+            clear=[out],
+        )
+
+    def _build(self, role: str) -> Stage:
+        out = self.dataset(role)
+        values = {
+            "role": role,
+            "inputs": [str(self.data("train")), str(self.data("dev"))],
+            "model": self._model(),
+            **self.cfg.build,
+            "out": str(out),
+        }
+        (build_cfg,) = load_configs([BuildConfig], None, values, "pipeline key build")
+        return Stage(
+            f"build-{role}",
+            command_line("build", flags(values)),
+            {"build": changed_fields(build_cfg)},
+            [out / "dataset"],
+            lambda: run_build(build_cfg),
+            ["collect-train", "collect-dev", "model"],
+            clear=[out],
+        )
+
+    def _train(self, role: str) -> Stage:
+        cfg = self.cfg
+        recipe = cfg.decider_recipe if role == "decider" else cfg.simulator_recipe
+        out = self.train_dir(role)
+        values = {
+            "model": self._model(),
+            **cfg.train,
+            **(cfg.train_decider if role == "decider" else cfg.train_simulator),
+            "dataset": str(self.dataset(role) / "dataset"),
+            "output_dir": str(out),
+        }
+        configs = load_configs(list(TRAIN_CONFIGS), recipe, values, f"pipeline keys train/train_{role}")
+        return Stage(
+            f"train-{role}",
+            command_line("train", ["--config", recipe] + flags(values)),
+            {type(c).__name__: changed_fields(c) for c in configs},
+            [out / "adapter" / "adapter_config.json"],
+            lambda: run_train(*configs),
+            [f"build-{role}", "model"],
+            clear=[out],
+        )
+
+    def _eval(self) -> Stage:
+        cfg = self.cfg
+        out = self.out / "eval"
+        adapters = ",".join(f"{r}={self.train_dir(r) / 'adapter'}" for r in ("decider", "simulator"))
+        values = {
+            "suite": cfg.suite,
+            "arms": cfg.arms,
+            **cfg.eval,
+            **cfg.engine,
+            "model": self._model(),
+            "adapters": adapters,
+            "out": str(out),
+        }
+        eval_cfg, engine_cfg = load_configs([EvalConfig, EngineConfig], None, values, "pipeline keys eval/engine")
+        return Stage(
+            "eval",
+            command_line("eval", flags(values)),
+            {"eval": changed_fields(eval_cfg), "engine": changed_fields(engine_cfg)},
+            [out / "traces.jsonl"],
+            lambda: run_eval(eval_cfg, engine_cfg),
+            ["train-decider", "train-simulator", "model"],
+            clear=[out],
+        )
+
+    def _fetch_model(self) -> str:
+        self.model_path = resolve_base_model(self.cfg.model)
+        print(f"model: {self.cfg.model} -> {self.model_path}", flush=True)
+        return self.model_path
+
+    # -- markers -------------------------------------------------------------------------------
+    def _marker(self, name: str) -> Path:
+        return self.markers / f"{name}.json"
+
+    def _read(self, path: Path) -> dict[str, Any] | None:
+        try:
+            return json.loads(path.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+
+    def complete(self, st: Stage, digest: str) -> bool:
+        done = self._read(self._marker(st.name))
+        if not done or not all(p.exists() for p in st.outputs):
+            return False
+        return done.get("hash") == digest or self._same_legacy_command(done, st)
+
+    def _same_legacy_command(self, done: dict[str, Any], st: Stage) -> bool:
+        """A marker written before the hash covered configurations (it holds `argv`, no `config`) still counts
+        when it ran the same command line, so a finished run is not started over (and cleared) after an
+        upgrade; such a stage is not re-run when only a recipe file's contents changed."""
+        return "argv" in done and "config" not in done and done.get("command") == st.command
+
+    def _adopt(self, st: Stage, digest: str) -> None:
+        """Rewrite a legacy marker of a complete stage with this version's hash (its time kept)."""
+        done = self._read(self._marker(st.name)) or {}
+        if done.get("hash") == digest:
+            return
+        self._write_marker(st, digest, done.get("seconds"), done.get("model_path"))
+        (self.markers / f"{st.name}.started").write_text(digest + "\n")
+
+    def _digest(self, st: Stage) -> str:
+        return _hash({"stage": st.name, "config": st.config, "depends": [self.hashes[d] for d in st.depends]})
+
+    def _measured(self) -> dict[str, float]:
+        """Seconds each stage took when it last completed in this folder (before this run changes any marker)."""
+        out: dict[str, float] = {}
+        for name in STAGES:
+            seconds = (self._read(self._marker(name)) or {}).get("seconds")
+            if isinstance(seconds, int | float):
+                out[name] = float(seconds)
+        return out
+
+    def _expected(self, plan: list[str], chosen: list[str]) -> list[str]:
+        """The stages this run will run, after building every stage's configuration: a bad key fails here,
+        before the first stage runs. The model folder is the one the model stage's marker recorded, if any."""
+        saved = self._read(self._marker("model")) or {}
+        self.model_path = saved.get("model_path")
+        runs = []
+        for name in plan:
+            try:
+                st = self.stage(name)
+            except ValueError as e:
+                raise StageFailed(f"{name}: {e}") from None
+            self.hashes[name] = self._digest(st)
+            if name in chosen and (name in self.cfg.force or not self.complete(st, self.hashes[name])):
+                runs.append(name)
+        self.hashes.clear()
+        return runs
+
+    # -- run -----------------------------------------------------------------------------------
+    def run(self) -> PipelineResult:
+        cfg = self.cfg
+        chosen = cfg.stages or list(STAGES)
+        plan = list(STAGES[: max(STAGES.index(s) for s in chosen) + 1])
+        clock = TimeLeft(self._measured(), {k: 60.0 * float(v) for k, v in cfg.estimates.items()})
+        ahead = self._expected(plan, chosen)
+        self.records = []
+        t_start = time.perf_counter()
+        for i, name in enumerate(plan, start=1):
+            banner = f"[{i}/{len(plan)}] {name}"
+            try:
+                st = self.stage(name)
+            except ValueError as e:
+                raise StageFailed(f"{banner}: {e}") from None
+            digest = self.hashes[name] = self._digest(st)
+            done = self.complete(st, digest)
+            if name == "model" and (done or name not in chosen) and name not in cfg.force:
+                try:  # cheap once converted; later stages' configurations need the folder
+                    self.model_path = resolve_base_model(cfg.model, fetch=name in chosen)
+                except FileNotFoundError as e:
+                    raise StageFailed(f"{banner}: {e}") from None
+            if name not in chosen:
+                if not done:
+                    raise StageFailed(
+                        f"{banner}: not complete and not selected by --stages; run it first: {st.command}"
+                    )
+                print(f"{banner}: complete (not selected)", flush=True)
+                self.records.append(StageRecord(name, "not selected", clock.earlier.get(name)))
+                continue
+            if done:
+                self._adopt(st, digest)
+            if done and name not in cfg.force:
+                print(f"{banner}: complete, reusing ({self._marker(name)})", flush=True)
+                self.records.append(StageRecord(name, "reused", clock.earlier.get(name)))
+                if name in ahead:
+                    ahead.remove(name)
+                continue
+            remaining = ahead[ahead.index(name) :] if name in ahead else [name]
+            print(f"\n=== {banner} === {clock.line(remaining)}\n$ {st.command}", flush=True)
+            seconds, result = self._run_stage(st, digest, banner)
+            clock.now[name] = seconds
+            self.records.append(StageRecord(name, "ran", seconds, result))
+            print(f"{banner}: done in {duration(seconds)}", flush=True)
+        write_json(self.out / "pipeline.json", {"config": asdict(cfg), "hashes": self.hashes})
+        print(f"\npipeline: finished in {duration(time.perf_counter() - t_start)}", flush=True)
+        return PipelineResult(self.report_html(), list(self.records), arm_success(self.out / "eval"))
+
+    def _run_stage(self, st: Stage, digest: str, banner: str) -> tuple[float, str]:
+        """Run one stage and write its marker; a failure is recorded for the summary and raised."""
+        self._start(st, digest)
+        t0 = time.perf_counter()
+        again = (
+            "fix the cause and re-run the same pipeline command (finished stages are reused), or run the stage "
+            f"alone: {st.command}"
+        )
+        try:
+            result = st.run() or ""
+        except (StageFailed, *USER_ERRORS) as e:
+            self.records.append(StageRecord(st.name, "failed", time.perf_counter() - t0, type(e).__name__))
+            raise StageFailed(f"{banner} failed: {e}\n{again}") from None
+        except BaseException as e:
+            status = "interrupted" if isinstance(e, KeyboardInterrupt) else "failed"
+            self.records.append(StageRecord(st.name, status, time.perf_counter() - t0, type(e).__name__))
+            raise
+        missing = [str(p) for p in st.outputs if not p.exists()]
+        if missing:
+            self.records.append(StageRecord(st.name, "failed", time.perf_counter() - t0, "outputs missing"))
+            raise StageFailed(f"{banner}: finished but its outputs are missing: {', '.join(missing)}")
+        seconds = time.perf_counter() - t0
+        self._write_marker(st, digest, round(seconds, 1), self.model_path if st.name == "model" else None)
+        return seconds, result
+
+    def _write_marker(self, st: Stage, digest: str, seconds: float | None, model_path: str | None) -> None:
+        record = {
+            "stage": st.name,
+            "hash": digest,
+            "config": st.config,
+            "command": st.command,
+            "outputs": [str(p) for p in st.outputs],
+            "model_path": model_path,
+            "seconds": seconds,
+            "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        }
+        write_json(self._marker(st.name), record)
+
+    def _start(self, st: Stage, digest: str) -> None:
+        """Record that the stage started; a configuration change since the last start clears its outputs."""
+        started = self.markers / f"{st.name}.started"
+        previous = started.read_text().strip() if started.exists() else None
+        if previous is not None and previous != digest:
+            for p in st.clear:
+                if p.is_dir():
+                    shutil.rmtree(p)
+                elif p.exists():
+                    p.unlink()
+            print(f"pipeline: {st.name}: configuration changed since it last ran; starting it over", flush=True)
+        self._marker(st.name).unlink(missing_ok=True)
+        started.parent.mkdir(parents=True, exist_ok=True)
+        started.write_text(digest + "\n")
+
+    # -- summary -------------------------------------------------------------------------------
+    def summary(self) -> str:
+        """Each stage's status and seconds, the eval's success by arm and the report's path."""
+        lines = [f"pipeline summary ({self.out})", f"  {'stage':<16} {'status':<13} {'seconds':>8}  result"]
+        for r in self.records:
+            seconds = "-" if r.seconds is None else f"{r.seconds:.1f}"
+            lines.append(f"  {r.name:<16} {r.status:<13} {seconds:>8}  {r.result}".rstrip())
+        arms = arm_success(self.out / "eval")
+        if arms:
+            lines.append("  eval success by arm: " + ", ".join(_rate(a) for a in arms))
+        report = self.report_html()
+        if report.exists():
+            lines.append(f"report: {report.resolve()}")
+        return "\n".join(lines)
+
+
+def _rate(a: ArmSuccess) -> str:
+    share = f" ({100 * a.successes / a.episodes:.0f}%)" if a.episodes else ""
+    return f"{a.arm} {a.successes}/{a.episodes}{share}"
