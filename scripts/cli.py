@@ -2,12 +2,22 @@
 
 Each subcommand is a module in scripts/ with `main(argv: list[str] | None) -> int`; they are
 imported lazily so `simplan validate` does not pay for importing torch.
+
+Before a subcommand is imported (and with it torch, whose OpenMP runtime reads its settings once,
+when it loads) `OMP_WAIT_POLICY=PASSIVE` is set unless the environment already has a value: OpenMP
+threads waiting for work then sleep instead of spinning, so a competing process on a small machine
+slows training and evaluation in proportion instead of collapsing them (2 torch threads on 2 cores
+next to one busy single-threaded job: ~8 s -> ~50 s per training step with spinning threads).
+bench/bench_under_load.py measures it. `simplan serve` is left alone: vLLM pins its threads to the
+cores it owns, where spinning is what it wants. Export OMP_WAIT_POLICY=ACTIVE to get spinning back.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import sys
+from collections.abc import MutableMapping
 
 # subcommand -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -27,6 +37,19 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+# Environment defaults for the OpenMP runtime of torch; a value the user exported wins.
+OPENMP_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE"}
+OPENMP_UNTOUCHED = ("serve",)  # subcommands that keep the runtime's own defaults (see the module docstring)
+
+
+def set_openmp_defaults(command: str, environ: MutableMapping[str, str] = os.environ) -> None:
+    """Set OPENMP_DEFAULTS in `environ` where unset, for `command`; must run before torch is imported."""
+    if command in OPENMP_UNTOUCHED:
+        return
+    for key, value in OPENMP_DEFAULTS.items():
+        environ.setdefault(key, value)
+
+
 def usage() -> str:
     width = max(map(len, COMMANDS))
     lines = ["usage: simplan <command> [options]", "", "commands:"]
@@ -44,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"simplan: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
         return 2
+    set_openmp_defaults(name)
     module = importlib.import_module(COMMANDS[name][0])
     return int(module.main(rest) or 0)
 
