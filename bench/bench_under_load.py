@@ -3,6 +3,7 @@
     .venv/bin/python bench/bench_under_load.py --out runs/bench/under_load.json    # SmolLM2-135M: ~20 min, 2 cores
     .venv/bin/python bench/bench_under_load.py --model tiny-llama --steps 3        # a quick check of the script
     .venv/bin/python bench/bench_under_load.py --settings old,passive --steps 8
+    taskset -c 0,1 .venv/bin/python bench/bench_under_load.py     # a 2-core machine on a bigger one
 
 Run it on an otherwise idle machine (the "idle" cells must be idle). Each (setting, load) cell is a
 fresh Python process, because the OpenMP runtime reads its settings once, when torch loads it. The
@@ -46,17 +47,24 @@ SPIN = "while True:\n    pass\n"  # the competitor: one core busy, no threads
 
 
 def free_cores(seconds: float = 0.5) -> int:
-    """Cores left idle by everything else over `seconds` (from /proc/stat), at least 1."""
+    """Cores this process may use (its affinity: `taskset -c 0,1` makes a 2-core machine of a big one)
+    that everything else left idle over `seconds`, from /proc/stat; at least 1."""
+    allowed = {f"cpu{i}" for i in os.sched_getaffinity(0)}
 
     def sample() -> tuple[int, int]:
-        fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-        return fields[3] + fields[4], sum(fields)  # idle + iowait, total
+        idle = total = 0
+        for line in Path("/proc/stat").read_text().splitlines():
+            name, *values = line.split()
+            if name in allowed:
+                fields = [int(x) for x in values]
+                idle, total = idle + fields[3] + fields[4], total + sum(fields)  # idle + iowait, all
+        return idle, total
 
     idle0, total0 = sample()
     time.sleep(seconds)
     idle1, total1 = sample()
     share = (idle1 - idle0) / max(total1 - total0, 1)
-    return max(1, round(share * (os.cpu_count() or 1)))
+    return max(1, round(share * len(allowed)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -164,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{setting}: idle {idle['seconds_per_step']} s/step, loaded {loaded['seconds_per_step']} s/step",
             flush=True,
         )
-    print(f"\nmodel {args.model}, batch {args.batch} x {args.length} tokens, {os.cpu_count()} cores\n")
+    print(f"\nmodel {args.model}, batch {args.batch} x {args.length} tokens, {len(os.sched_getaffinity(0))} cores\n")
     print(table(rows))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -28,7 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         pipeline.run()
     except StageFailed as e:
-        print("\n" + pipeline.summary())
+        if pipeline.records:  # a bad configuration fails before any stage: nothing to summarise
+            print("\n" + pipeline.summary())
         print(f"simplan pipeline: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

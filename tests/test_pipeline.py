@@ -86,6 +86,23 @@ def test_flags_and_config_validation() -> None:
         pl.PipelineConfig(eval={"out": "x"})
 
 
+def test_markers_from_before_config_hashes_count_when_the_command_is_the_same(tmp_path, fake_stages) -> None:
+    out = tmp_path / "p"
+    assert main(["--out", str(out)]) == 0
+    for marker in (out / ".stages").glob("*.json"):  # as the argv-hashing pipeline wrote them
+        record = json.loads(marker.read_text())
+        legacy = {"stage": record["stage"], "hash": "0123456789abcdef", "argv": [], "command": record["command"]}
+        marker.write_text(json.dumps(legacy))
+    (out / ".stages" / "eval.json").write_text(json.dumps({"hash": "x", "argv": [], "command": "simplan eval --old"}))
+    fake_stages.clear()
+    assert main(["--out", str(out)]) == 0
+    assert fake_stages == ["eval"]  # the one whose command changed; report is reused (its config is unchanged)
+    assert all("config" in json.loads(m.read_text()) for m in (out / ".stages").glob("*.json"))  # upgraded
+    fake_stages.clear()
+    assert main(["--out", str(out)]) == 0
+    assert fake_stages == []
+
+
 def test_time_left_and_summary(tmp_path, fake_stages, capsys) -> None:
     out = str(tmp_path / "p")
     assert main(["--out", out, "--estimates", "{collect-train: 2, eval: 1}"]) == 0
@@ -156,8 +173,9 @@ def test_stage_configs_come_from_the_recipes(tmp_path, monkeypatch, capsys) -> N
 
     # a typo in any stage's keys fails before the first stage runs
     assert main(argv + ["--train", "{max_stepz: 3}"]) == 1
-    err = capsys.readouterr().err
-    assert "train-decider: pipeline keys train/train_decider: unknown key 'max_stepz'" in err
+    captured = capsys.readouterr()
+    assert "train-decider: pipeline keys train/train_decider: unknown key 'max_stepz'" in captured.err
+    assert "pipeline summary" not in captured.out  # nothing ran, nothing to summarise
     assert not (tmp_path / "p" / "data").exists()
 
 
