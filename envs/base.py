@@ -17,6 +17,7 @@ both). An adapter whose steps run Python code a thread cannot stop (BFCL's tool 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -174,9 +175,49 @@ class EnvDefaults:
     #: constructor argument (BFCL) keeps it here and `make_env` adds no thread watchdog (envs/limits.py).
     #: None: the adapter has no limit of its own and `make_env` runs its steps under a watchdog.
     step_timeout: float | None = None
+    #: Failure classes (`failure_class`). Regexes of failed observations that mean "the same call may work
+    #: if tried again" (a 503, a timeout): the planner repeats the call without a model call, a note or a ban,
+    #: up to PlannerConfig.max_transient_retries times, then treats the failure as permanent.
+    transient_patterns: tuple[str, ...] = ()
+    #: Regexes of failed observations that mean the world changed under the plan (an item sold out): the
+    #: planner notes the failure and replans, without banning the action. Any other failure is permanent for
+    #: that action (noted, down-weighted, banned in that state).
+    replan_patterns: tuple[str, ...] = ()
+    #: Regexes of the observation after `finish` that mean the goal is met (e.g. r'"shipped": true'); the judge
+    #: penalises an imagined finish whose predicted outcome matches none (a premature finish). None set: a
+    #: finish is judged like any other action.
+    accept_patterns: tuple[str, ...] = ()
+    #: `accepts() -> bool`: whether the episode's goal is met in the current state (checkable acceptance
+    #: conditions), without changing the state. The planner asks it for a finish from the real state; it is
+    #: never the episode's success, which is always the env's `won`. None: not provided.
+    accepts: Callable[[], bool] | None = None
+    #: `expert_action(observation) -> Action | None`: an expert that reacts to what it sees (retries after a
+    #: 503, picks another item after "sold out"), called with the observation of `reset` and of each step;
+    #: None when it has nothing more to do. It must not change the env and may be called more than once in a
+    #: state. Collection and `envs check` use it instead of `expert_plan` when it is set (data/collect.py).
+    expert_action: Callable[[Observation], Action | None] | None = None
 
 
-EXTRAS: tuple[str, ...] = ("description", "families", "error_patterns", "progress_patterns", "step_timeout")
+EXTRAS: tuple[str, ...] = (
+    "description",
+    "families",
+    "error_patterns",
+    "progress_patterns",
+    "step_timeout",
+    "transient_patterns",
+    "replan_patterns",
+    "accept_patterns",
+    "accepts",
+    "expert_action",
+)
+PATTERN_EXTRAS: tuple[str, ...] = (
+    "error_patterns",
+    "progress_patterns",
+    "transient_patterns",
+    "replan_patterns",
+    "accept_patterns",
+)
+FAILURE_CLASSES: tuple[str, ...] = ("transient", "replan", "permanent")
 
 
 def env_extra(env: object, name: str) -> Any:
@@ -189,12 +230,18 @@ def env_extra(env: object, name: str) -> Any:
         return getattr(EnvDefaults, name)
 
 
+def expert_policy(env: object) -> Callable[[Observation], Action | None] | None:
+    """The env's reacting expert (`EnvDefaults.expert_action`), or None when it offers only `expert_plan`."""
+    policy = env_extra(env, "expert_action")
+    return policy if callable(policy) else None
+
+
 @runtime_checkable
 class Env(Protocol):
     """A small, gymnasium-like protocol. One instance runs one episode at a time and is reused.
 
-    Optional attributes (description, families, error_patterns, progress_patterns, step_timeout) are
-    declared with their defaults in `EnvDefaults`.
+    Optional attributes (description, families, the pattern lists, step_timeout, and the optional hooks
+    `accepts` and `expert_action`) are declared with their defaults in `EnvDefaults`.
     """
 
     name: str

@@ -14,9 +14,17 @@ to its first predicted failure after the first action: the planner never commits
     progress    predicted progress/reward words, discounted by depth
     repeat      steps whose (action, predicted observation) repeats a real pair of the episode or an
                 earlier step of the same rollout
-    failed      actions in the failure memory (down-weighted, not banned)
+    failed      actions in the failure memory (down-weighted, not banned); a transient failure is not one,
+                so retrying it costs nothing
+    premature   a finish whose imagined outcome is "goal not met": the env's verdict (`accepts()`) for a
+                finish from the real state, else the predicted observation against the env's
+                `accept_patterns`; no verdict (neither declared): not judged.
     length      per scored step (a small cost that prefers shorter plans at equal merit)
     likelihood  the decider's probability of the first action (0..1)
+
+Failure classes (`Judge.failure_class`, envs/base.py EnvDefaults): a failed observation is transient
+(`transient_patterns`: retry the same call), replan (`replan_patterns`: the world changed under the plan)
+or permanent (anything else).
 """
 
 from __future__ import annotations
@@ -98,6 +106,7 @@ class JudgeWeights:
     failed: float = -1.0
     length: float = -0.05
     likelihood: float = 0.5
+    premature: float = -2.0
     discount: float = 0.9  # later imagined steps count less (their predictions are less reliable)
 
 
@@ -106,7 +115,16 @@ class JudgeMemory:
     """What the judge knows of the real episode: seen (action key, normalized observation) pairs, failed actions."""
 
     seen_pairs: set[tuple[str, str]] = field(default_factory=set)
-    failed_actions: set[str] = field(default_factory=set)
+    failed_actions: set[str] = field(default_factory=set)  # permanent and replan failures: down-weighted
+    failure_classes: dict[str, str] = field(default_factory=dict)  # action key -> class of its latest failure
+
+
+FINISH_KEY = "finish"
+
+
+def is_finish(action_key: str) -> bool:
+    """True for the key of a finish: `Action(kind="finish")` or a tool env's `finish(...)` tool call."""
+    return action_key == FINISH_KEY or action_key.startswith(FINISH_KEY + "(")
 
 
 def _norm(text: str) -> str:
@@ -119,13 +137,37 @@ class Judge:
         weights: JudgeWeights,
         error_patterns: Sequence[str] = DEFAULT_ERROR_PATTERNS,
         progress_patterns: Sequence[str] = DEFAULT_PROGRESS_PATTERNS,
+        transient_patterns: Sequence[str] = (),
+        replan_patterns: Sequence[str] = (),
+        accept_patterns: Sequence[str] = (),
     ) -> None:
         self.w = weights
         self.error_re = compile_patterns(error_patterns)
         self.progress_re = compile_patterns(progress_patterns)
+        self.transient_re = compile_patterns(transient_patterns)
+        self.replan_re = compile_patterns(replan_patterns)
+        self.accept_re = compile_patterns(accept_patterns)
 
     def is_error(self, text: str) -> bool:
         return looks_like_error(text, self.error_re)
+
+    def failure_class(self, text: str, flagged: bool = False) -> str | None:
+        """The class of an observation (envs/base.py FAILURE_CLASSES), None when it is no failure. `flagged`:
+        the env set `Observation.error`."""
+        if not (flagged or self.is_error(text)):
+            return None
+        if any(p.search(text or "") for p in self.transient_re):
+            return "transient"
+        if any(p.search(text or "") for p in self.replan_re):
+            return "replan"
+        return "permanent"
+
+    def goal_met(self, predicted: str | None) -> bool | None:
+        """The verdict a predicted observation after a finish gives: None when the env declares no
+        `accept_patterns` or nothing was predicted."""
+        if not self.accept_re or predicted is None:
+            return None
+        return any(p.search(predicted) for p in self.accept_re)
 
     def score(
         self,
@@ -133,13 +175,16 @@ class Judge:
         predicted: Sequence[str | None],
         memory: JudgeMemory,
         probability: float | None = None,
+        finish_verdict: bool | None = None,
     ) -> tuple[dict[str, float], float]:
         """(weighted parts, total) of one rollout: action keys and the predicted observation after each.
 
         `predicted[i]` is None when step i was not simulated (reactive or adaptive-horizon choices).
+        `finish_verdict`: whether the goal is met in the real state (the env's `accepts()`), the verdict on
+        a finish as the first action; None: from the prediction.
         """
         w = self.w
-        error = progress = repeat = failed = 0.0
+        error = progress = repeat = failed = premature = 0.0
         seen_in_rollout: set[tuple[str, str | None]] = set()
         steps = 0
         for depth, key in enumerate(action_keys):
@@ -148,8 +193,11 @@ class Judge:
             if depth > 0 and obs is not None and self.is_error(obs):
                 break  # an imagined follow-up that fails is cut, not held against the first action
             steps += 1
-            if key in memory.failed_actions:
+            if key in memory.failed_actions and memory.failure_classes.get(key) != "transient":
                 failed += d
+            if is_finish(key):
+                met = finish_verdict if depth == 0 and finish_verdict is not None else self.goal_met(obs)
+                premature += d if met is False else 0.0
             # A repeat is the same action with the same outcome (walking on down a corridor is not one).
             pair = (key, _norm(obs) if obs is not None else None)
             if pair in seen_in_rollout or (obs is not None and pair in memory.seen_pairs):
@@ -167,6 +215,7 @@ class Judge:
             "progress": w.progress * progress,
             "repeat": w.repeat * repeat,
             "failed": w.failed * failed,
+            "premature": w.premature * premature,
             "length": w.length * steps,
             "likelihood": w.likelihood * (probability if probability is not None else 0.0),
         }

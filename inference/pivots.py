@@ -21,6 +21,11 @@ Rules (default severities):
 
 The planner adds one check of its own before each queued action (inference/planner.py):
     not_valid_now           error   the next planned action is not among the real state's valid actions
+and one after each real step, before the monitor:
+    transient_error         error   the action failed in a way the env calls transient (its
+                                    `transient_patterns`): retried as it is, with no model call, failure
+                                    note or ban, at most `max_retries` times in a row; past that the
+                                    failure is an ordinary one and the monitor's rules see it
 """
 
 from __future__ import annotations
@@ -133,6 +138,53 @@ class ErrorObservation:
             severity=self.severity,
             evidence={"action": last.action_key, "observation": last.observation, "env_error": last.error},
             message=f"{last.action_key!r}: {why}: {last.observation!r}",
+        )
+
+
+@dataclass
+class TransientError:
+    """The last action failed transiently (a 503, "try again"): the same call may work if repeated."""
+
+    patterns: Sequence[re.Pattern[str]] = ()  # the env's `transient_patterns` (envs/base.py EnvDefaults)
+    error_patterns: Sequence[re.Pattern[str]] | None = None  # None: judge.DEFAULT_ERROR_PATTERNS
+    max_retries: int = 2
+    severity: str = "error"
+    name: str = "transient_error"
+
+    def __post_init__(self) -> None:
+        _check_severity(self.severity)
+        if self.max_retries < 0:
+            raise ValueError(f"transient max_retries: must be >= 0, got {self.max_retries}")
+
+    def is_transient(self, rec: StepRecord) -> bool:
+        failed = rec.error or looks_like_error(rec.observation, self.error_patterns)
+        return failed and any(p.search(rec.observation) for p in self.patterns)
+
+    def attempts(self, history: Sequence[StepRecord]) -> int:
+        """How many times in a row, up to the last step, the last step's action failed transiently."""
+        n = 0
+        for rec in reversed(history):
+            if rec.action_key != history[-1].action_key or not self.is_transient(rec):
+                break
+            n += 1
+        return n
+
+    def check(self, ctx: PivotContext) -> PivotEvent | None:
+        last = ctx.last
+        attempts = self.attempts(ctx.history)
+        if not attempts or attempts > self.max_retries:
+            return None  # not transient, or its retries are spent: an ordinary (permanent) failure
+        return PivotEvent(
+            rule=self.name,
+            severity=self.severity,
+            evidence={
+                "action": last.action_key,
+                "observation": last.observation,
+                "attempt": attempts,
+                "max_retries": self.max_retries,
+            },
+            message=f"{last.action_key!r} failed transiently ({last.observation!r}): retry {attempts} of "
+            f"{self.max_retries}",
         )
 
 

@@ -27,8 +27,13 @@ From the command line: `simplan run --env toy --task corridor-100 --arm simplan 
    a fired pivot drops the queue and replans from the real state (within the replan budget; once it
    is spent the loop goes on one decided action at a time, or stops with `on_replan_budget=stop`); one
    whose real action failed also writes a failure note into the prompt's failure memory and bans
-   the action in that state.
+   the action in that state. Failures have classes (the env's patterns, envs/base.py EnvDefaults): a
+   transient one (a 503) fires `transient_error` and the same action runs again, with no model call,
+   note, ban or replan, up to `max_transient_retries` times, then counts as permanent; a replan one
+   (sold out) is noted and replanned but not banned; a permanent one is noted and banned.
 6. Finish: only the env's `done`/`won` ends an episode as success or failure; budgets end it otherwise.
+   A `finish` is judged like any action: one the env's verdict (`accepts()` for the real state, its
+   `accept_patterns` on a predicted outcome) calls premature is penalised.
 """
 
 from __future__ import annotations
@@ -64,6 +69,7 @@ from simplan.envs.base import (
     StepResult,
     Task,
     action_key_of_text,
+    env_extra,
     missing_from_complete_list,
 )
 from simplan.inference.engine import (
@@ -80,6 +86,7 @@ from simplan.inference.judge import (
     Judge,
     JudgeMemory,
     env_patterns,
+    is_finish,
 )
 from simplan.inference.oracle import EnvOracle, OracleError, executed_actions, same_env_factory
 from simplan.inference.pivots import (
@@ -87,6 +94,7 @@ from simplan.inference.pivots import (
     PivotMonitor,
     PivotRule,
     StepRecord,
+    TransientError,
     default_rules,
     similarity,
 )
@@ -246,7 +254,16 @@ class Planner:
         self.fitter = PromptFitter(count_tokens, self.prompts.decider_settings.budget, tokenizer)
         error_patterns = env_patterns(env, "error_patterns", DEFAULT_ERROR_PATTERNS, config.error_patterns)
         progress_patterns = env_patterns(env, "progress_patterns", DEFAULT_PROGRESS_PATTERNS, config.progress_patterns)
-        self.judge = Judge(config.weights(), error_patterns, progress_patterns)
+        self.judge = Judge(
+            config.weights(),
+            error_patterns,
+            progress_patterns,
+            transient_patterns=env_patterns(env, "transient_patterns", (), config.transient_patterns),
+            replan_patterns=env_patterns(env, "replan_patterns", (), config.replan_patterns),
+            accept_patterns=env_patterns(env, "accept_patterns", ()),
+        )
+        # Checked before the monitor's rules: a transient failure is retried, not a pivot (pivots.py).
+        self.transient = TransientError(self.judge.transient_re, self.judge.error_re, config.max_transient_retries)
         if rules is None:
             rules = default_rules(
                 mismatch_threshold=config.mismatch_threshold,
@@ -382,6 +399,12 @@ class Planner:
                 tokens_before=ep.tokens_at_last_act,
                 max_tokens=b.token_budget,
             )
+            if (retry := self.transient.check(ctx)) is not None:
+                retry.fired = True  # the same action again: no model call, failure note, ban or replan
+                ep.pivots += 1
+                ep.trace.add(retry, step=ep.steps)
+                queue.appendleft(item)
+                continue
             events = monitor.check(ctx)
             for e in events:
                 ep.trace.add(e, step=ep.steps)
@@ -410,7 +433,9 @@ class Planner:
         if acted is not None and any(n in FAILURE_RULES for n in names):
             note = self._remember_failure(ep, item.action)
             ep.memory.failed_actions.add(item.action.key())
-        if acted is not None and any(n in BAN_RULES for n in names):
+        # A failure that changed the plan (sold out) says nothing against the action itself: no ban.
+        changed_plan = acted is not None and self._failure_class(ep, acted[0].observation) == "replan"
+        if acted is not None and any(n in BAN_RULES for n in names) and not changed_plan:
             # A failed action rarely changes the world, so the state after it is the same place
             # under another description: ban the action under both keys.
             result, before_key = acted
@@ -516,9 +541,22 @@ class Planner:
         if obs.goal:  # a BFCL user turn, what a TWX agent read: as in the training data
             ep.goal = obs.goal
         self._note_valid(ep, obs)
-        if error:  # every arm remembers failed steps, as the training prompts do (data/format.py)
+        cls = self._failure_class(ep, obs) if error else None
+        if cls is not None:
+            ep.memory.failure_classes[item.action.key()] = cls
+        # Every arm remembers failed steps, as the training prompts do (data/format.py); a transient failure
+        # is one to retry, not to avoid, until its retries are spent.
+        if cls is not None and cls != "transient":
             self._remember_failure(ep, item.action)
         return result
+
+    def _failure_class(self, ep: _Episode, obs: Observation) -> str | None:
+        """The class of the last real step's failure (judge.failure_class), None when it did not fail; a
+        transient failure whose retries are spent is permanent."""
+        cls = self.judge.failure_class(obs.text, obs.error)
+        if cls == "transient" and self.transient.attempts(ep.records) > self.transient.max_retries:
+            return "permanent"
+        return cls
 
     def _remember_failure(self, ep: _Episode, action: Action) -> str:
         """Add the failure note of `action` and the current observation: distinct, latest last, newest N kept."""
@@ -655,9 +693,11 @@ class Planner:
             horizon, reason = 0, "fallback: the decider gave no usable action"
         rollouts = [Rollout([p.action], [], p.probability, p.logprob) for p in proposals]
         hits = self._rollout(ep, rollouts, horizon, allowed)
+        verdict = self._accepts() if any(is_finish(r.actions[0].key()) for r in rollouts) else None
         records = []
         for i, r in enumerate(rollouts):
-            parts, total = self.judge.score([a.key() for a in r.actions], r.predicted, ep.memory, r.probability)
+            keys = [a.key() for a in r.actions]
+            parts, total = self.judge.score(keys, r.predicted, ep.memory, r.probability, finish_verdict=verdict)
             records.append(
                 CandidateRecord(
                     index=i,
@@ -698,6 +738,11 @@ class Planner:
             step=ep.steps,
         )
         return queue
+
+    def _accepts(self) -> bool | None:
+        """The env's verdict on the real state (its optional `accepts()`: is the goal met?), None without one."""
+        accepts = env_extra(self.env, "accepts")
+        return bool(accepts()) if callable(accepts) else None
 
     def _commit(self, rollout: Rollout, total: float, source: str) -> list[Queued]:
         queue = []

@@ -105,10 +105,20 @@ class PlannerConfig:
     min_score_drop: float = field(default=0.0, metadata=_help("score_drop: fires when the score falls more"))
     budget_fraction: float = field(default=0.9, metadata=_help("budget_nearly_exhausted: fraction of a budget"))
     warning_threshold: int = field(default=2, metadata=_help("warnings that together fire a pivot"))
+    max_transient_retries: int = field(
+        default=2,
+        metadata=_help(
+            "transient_error: retries of a call that failed transiently (the env's transient_patterns), "
+            "without a model call; past them the failure is permanent"
+        ),
+    )
     w_error: float = field(default=-2.0, metadata=_help("judge weight: predicted error/invalid outcome"))
     w_progress: float = field(default=1.0, metadata=_help("judge weight: predicted progress/reward"))
     w_repeat: float = field(default=-0.5, metadata=_help("judge weight: repeats of seen (action, observation)"))
     w_failed: float = field(default=-1.0, metadata=_help("judge weight: actions in the failure memory"))
+    w_premature: float = field(
+        default=-2.0, metadata=_help("judge weight: a finish whose imagined outcome is 'goal not met'")
+    )
     w_length: float = field(default=-0.05, metadata=_help("judge weight: per imagined step"))
     w_likelihood: float = field(default=0.5, metadata=_help("judge weight: decider probability of the 1st action"))
     discount: float = field(default=0.9, metadata=_help("judge: weight of imagined step i is discount**i"))
@@ -126,6 +136,14 @@ class PlannerConfig:
     )
     progress_patterns: list[str] = field(
         default_factory=list, metadata=_help("extra regexes of progress observations (added to the env's)")
+    )
+    transient_patterns: list[str] = field(
+        default_factory=list,
+        metadata=_help("extra regexes of transient failures, retried as they are (added to the env's)"),
+    )
+    replan_patterns: list[str] = field(
+        default_factory=list,
+        metadata=_help("extra regexes of failures that change the plan: replan, no ban (added to the env's)"),
     )
     fallback_action: str = field(
         default="look", metadata=_help("action text when the decider gives nothing usable and no valid list exists")
@@ -161,6 +179,7 @@ class PlannerConfig:
             ("min_score_drop", self.min_score_drop >= 0.0, ">= 0"),
             ("budget_fraction", 0.0 < self.budget_fraction <= 1.0, "in (0, 1]"),
             ("warning_threshold", self.warning_threshold >= 1, ">= 1"),
+            ("max_transient_retries", self.max_transient_retries >= 0, ">= 0"),
             ("discount", 0.0 < self.discount <= 1.0, "in (0, 1]"),
             ("cache_history", self.cache_history >= 0, ">= 0"),
             ("max_failures", self.max_failures is None or self.max_failures >= 0, ">= 0"),
@@ -184,7 +203,7 @@ class PlannerConfig:
                 raise ValueError(
                     f"PlannerConfig.family_budgets[{family!r}]: unknown keys {sorted(bad)}; use {sorted(budget_keys)}"
                 )
-        compile_patterns(self.error_patterns + self.progress_patterns)
+        compile_patterns(self.error_patterns + self.progress_patterns + self.transient_patterns + self.replan_patterns)
 
     def weights(self) -> JudgeWeights:
         return JudgeWeights(
@@ -194,6 +213,7 @@ class PlannerConfig:
             failed=self.w_failed,
             length=self.w_length,
             likelihood=self.w_likelihood,
+            premature=self.w_premature,
             discount=self.discount,
         )
 

@@ -194,6 +194,7 @@ def test_judge_parts_by_hand():
         "progress": 0.5,
         "repeat": -0.5 * 1.25,
         "failed": 0.0,
+        "premature": 0.0,
         "length": -0.3,
         "likelihood": 0.4,
     }
