@@ -9,8 +9,14 @@
 
 Policies (one episode id per task, policy and attempt: "{env}/{task_id}/{policy}/{attempt}"):
 
-- ``expert``: the env's `expert_plan()` played from reset.
-- ``noisy_expert``: the expert plan with real mistakes. Before an expert step, with probability
+The expert is the env's reacting policy (`expert_action(observation)`, envs/base.py EnvDefaults) where
+the adapter offers one, else its fixed `expert_plan()` (`Expert`). A policy is asked for each step at the
+real state, so it recovers from what happened (a 503, a sold-out item, a noisy step); where a fixed path
+is needed (argument values for random tool calls, where noise and branch points fall) it is the policy's
+run from reset.
+
+- ``expert``: the expert played from reset.
+- ``noisy_expert``: the expert with real mistakes. Before an expert step, with probability
   `noise_rate` (and at least `min_mistakes` times per episode), the collector plays a mistake
   instead: an *invalid* action (a plausible command outside the valid actions, an unknown tool or a
   call missing its arguments) or a *wrong valid* action (another valid action, or a read-only tool
@@ -19,6 +25,8 @@ Policies (one episode id per task, policy and attempt: "{env}/{task_id}/{policy}
   * it left the state unchanged (an error observation, a command outside the valid set, or a
     look/inventory/examine-style command or read-only tool call, checked by comparing the valid
     actions and score before and after): the expert plan simply continues;
+  * it changed the state and the expert is a policy: the policy goes on from the real state (its next
+    step is the recovery);
   * it changed the state and a reversible inverse is known (go east/go west, open/close,
     take/drop or put, turn on/off): the inverse is played, and kept only if the valid actions and
     score are back to what they were before the mistake;
@@ -60,7 +68,7 @@ import re
 import time
 import traceback
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
@@ -71,7 +79,7 @@ from typing import Any
 from simplan.data.io import append_jsonl, read_jsonl_tolerant, write_jsonl
 from simplan.data.trajectory import Step, Trajectory
 from simplan.envs import registry
-from simplan.envs.base import FOLDS, Action, Env, Observation, StepResult, Task
+from simplan.envs.base import FOLDS, Action, Env, Observation, StepResult, Task, expert_policy
 from simplan.envs.registry import make_env
 
 POLICIES: tuple[str, ...] = ("expert", "noisy_expert", "random")
@@ -489,13 +497,53 @@ def _branch_record(rec: Recorder, steps: list[Step], branch_step: int, tag: str)
     )
 
 
-def run_expert(rec: Recorder, plan: list[Action], cfg: CollectConfig) -> list[Trajectory]:
-    for action in plan:
-        if rec.done:
-            break
+@dataclass
+class Expert:
+    """The expert of one episode: the env's reacting policy where it offers one, else its fixed plan.
+
+    `path` is the fixed plan, or the policy's actions on a clean run from reset (argument values for random
+    tool calls, and where noise and branch points fall); empty when nothing needs it."""
+
+    path: list[Action]
+    policy: Callable[[Observation], Action | None] | None = None
+
+    @property
+    def kind(self) -> str:
+        return "plan" if self.policy is None else "policy"
+
+    def next(self, rec: Recorder, played: int) -> Action | None:
+        """The expert's action at the recorder's real state, after `played` expert steps; None: it is done."""
+        if self.policy is not None:
+            return self.policy(rec.obs)
+        return self.path[played] if played < len(self.path) else None
+
+    def ahead(self, played: int, action: Action) -> list[Action]:
+        """Expert steps a mistake must not be (a later step done early can be a shortcut, not a mistake)."""
+        return self.path[played:] if self.policy is None else [action, *self.path]
+
+
+def make_expert(env: Env, rec: Recorder, cfg: CollectConfig, needs_path: bool) -> Expert:
+    """The episode's `Expert`; a policy's path (when `needs_path`) is its run from reset, then the env is reset."""
+    policy = expert_policy(env)
+    if policy is None:
+        return Expert(list(env.expert_plan()))
+    if not needs_path:
+        return Expert([], policy)
+    path: list[Action] = []
+    while len(path) < cfg.max_steps and not rec.done and (action := policy(rec.obs)) is not None:
+        rec.act(action, "expert")
+        path.append(action)
+    rec.restore(0)
+    return Expert(path, policy)
+
+
+def run_expert(rec: Recorder, expert: Expert, cfg: CollectConfig) -> list[Trajectory]:
+    played = 0
+    while not rec.done and (action := expert.next(rec, played)) is not None:
         if len(rec.steps) >= cfg.max_steps:
             return [rec.finish(truncated=True)]
         rec.act(action, "expert")
+        played += 1
     return [rec.finish()]
 
 
@@ -524,31 +572,36 @@ def _choose_mistake(
     return Action.command(invalid_command(None, rng)), "invalid"
 
 
-def run_noisy(rec: Recorder, plan: list[Action], cfg: CollectConfig, rng: random.Random) -> list[Trajectory]:
+def run_noisy(rec: Recorder, expert: Expert, cfg: CollectConfig, rng: random.Random) -> list[Trajectory]:
+    plan = expert.path
     branches: list[Trajectory] = []
     counts = Counter()
     forced_at = rng.randrange(len(plan)) if plan else 0
-    # At most one mistake before each plan step: the loop always advances, and a mistake is
-    # always followed by a real plan step (never by another mistake).
-    i, tried_at, resume_source = 0, -1, "expert"
-    while i < len(plan) and not rec.done:
+    # At most one mistake before each expert step: the loop always advances, and a mistake is
+    # always followed by a real expert step (never by another mistake).
+    i, tried_at, resume_source, finished = 0, -1, "expert", False
+    while not rec.done:
         if len(rec.steps) >= cfg.max_steps:
+            break
+        action = expert.next(rec, i)
+        if action is None:
+            finished = True
             break
         force = counts["kept"] < cfg.min_mistakes and i >= forced_at
         room = len(rec.steps) + 2 < cfg.max_steps
         if tried_at != i and room and (force or rng.random() < cfg.noise_rate):
             tried_at = i
-            outcome = _play_mistake(rec, plan[i:], plan, cfg, rng, branches, counts)
+            outcome = _play_mistake(rec, expert.ahead(i, action), expert, cfg, rng, branches, counts)
             counts[outcome] += 1
             counts["kept"] += outcome != "split"
-            # After an unchanged-state mistake the resumed expert step is the recovery; after an
-            # inverse the inverse was; after a split the main run never saw the mistake.
-            resume_source = "recovery" if outcome == "kept_unchanged" else "expert"
+            # After a kept mistake the resumed expert step is the recovery (a policy's answer to the changed
+            # state included); after an inverse the inverse was; after a split the main run never saw it.
+            resume_source = "recovery" if outcome in ("kept_unchanged", "kept_changed") else "expert"
             continue
-        rec.act(plan[i], resume_source)
+        rec.act(action, resume_source)
         resume_source = "expert"
         i += 1
-    traj = rec.finish(truncated=i < len(plan) and not rec.done)
+    traj = rec.finish(truncated=not finished and not rec.done)
     traj.meta["mistakes"] = dict(counts)
     return [traj, *branches]
 
@@ -556,16 +609,16 @@ def run_noisy(rec: Recorder, plan: list[Action], cfg: CollectConfig, rng: random
 def _play_mistake(
     rec: Recorder,
     remaining: list[Action],
-    plan: list[Action],
+    expert: Expert,
     cfg: CollectConfig,
     rng: random.Random,
     branches: list[Trajectory],
     counts: Counter,
 ) -> str:
-    """Play one mistake and recover; returns how it ended (kept_unchanged, kept_inverse, split)."""
+    """Play one mistake and recover; returns how it ended (kept_unchanged, kept_changed, kept_inverse, split)."""
     start = len(rec.steps)
     valid_before, score_before = _valid_set(rec.obs), rec.score
-    mistake, kind = _choose_mistake(rec, remaining, plan, cfg, rng)
+    mistake, kind = _choose_mistake(rec, remaining, expert.path, cfg, rng)
     counts[kind] += 1
     result = rec.act(mistake, "noise")
 
@@ -576,6 +629,8 @@ def _play_mistake(
     outside_valid = mistake.kind == "command" and valid_before is not None and _norm(mistake.text) not in valid_before
     if (result.observation.error or outside_valid or is_look_only(mistake)) and unchanged():
         return "kept_unchanged"
+    if expert.policy is not None and not rec.done:
+        return "kept_changed"  # a policy answers the real state: it recovers from here
     if not rec.done:
         inverse = _pick_inverse(mistake, rec.obs)
         if inverse is not None:
@@ -613,24 +668,26 @@ def _random_action(rec: Recorder, pool: dict[str, list[Any]], rng: random.Random
     return Action.command(invalid_command(None, rng))
 
 
-def run_random(rec: Recorder, plan: list[Action], cfg: CollectConfig, rng: random.Random) -> list[Trajectory]:
-    pool = _argument_pool(plan)
+def run_random(rec: Recorder, expert: Expert, cfg: CollectConfig, rng: random.Random) -> list[Trajectory]:
+    pool = _argument_pool(expert.path)
     steps = min(cfg.random_steps, cfg.max_steps)
     while len(rec.steps) < steps and not rec.done:
         rec.act(_random_action(rec, pool, rng, None), "random")
     return [rec.finish(truncated=True)]
 
 
-def run_branch(rec: Recorder, plan: list[Action], cfg: CollectConfig, rng: random.Random) -> list[Trajectory]:
-    """Replay a random-length expert prefix, then one random non-expert action."""
+def run_branch(rec: Recorder, expert: Expert, cfg: CollectConfig, rng: random.Random) -> list[Trajectory]:
+    """Play a random-length expert prefix, then one random non-expert action."""
+    plan = expert.path
     k = rng.randrange(min(len(plan), cfg.max_steps)) if plan else 0
-    for action in plan[:k]:
-        if rec.done:
+    for i in range(k):
+        if rec.done or (action := expert.next(rec, i)) is None:
             break
         rec.act(action, "expert")
     branch_step = len(rec.steps)
     if not rec.done:
-        rec.act(_random_action(rec, _argument_pool(plan), rng, plan[k] if k < len(plan) else None), "random")
+        avoid = expert.next(rec, branch_step)
+        rec.act(_random_action(rec, _argument_pool(plan), rng, avoid), "random")
     traj = rec.finish()
     traj.meta.update(kind="branch", branch_step=branch_step)
     return [traj]
@@ -648,16 +705,18 @@ def run_episode(env: Env, spec: EpisodeSpec, cfg: CollectConfig) -> EpisodeOutco
     rec: Recorder | None = None
     try:
         rec = Recorder(env, spec, meta)
-        plan = list(env.expert_plan())
-        rec.traj.meta["expert_plan_len"] = len(plan)
+        plain_expert = spec.policy == "expert" and not spec.attempt.startswith("branch")
+        expert = make_expert(env, rec, cfg, needs_path=not plain_expert)
+        rec.traj.meta["expert"] = expert.kind
         if spec.attempt.startswith("branch"):
-            trajs = run_branch(rec, plan, cfg, rng)
+            trajs = run_branch(rec, expert, cfg, rng)
         elif spec.policy == "expert":
-            trajs = run_expert(rec, plan, cfg)
+            trajs = run_expert(rec, expert, cfg)
         elif spec.policy == "noisy_expert":
-            trajs = run_noisy(rec, plan, cfg, rng)
+            trajs = run_noisy(rec, expert, cfg, rng)
         else:
-            trajs = run_random(rec, plan, cfg, rng)
+            trajs = run_random(rec, expert, cfg, rng)
+        trajs[0].meta["expert_plan_len"] = len(expert.path) if expert.path or expert.policy is None else len(rec.steps)
         crashed = False
     except Exception as e:  # noqa: BLE001 - any env failure is recorded, never dropped
         message = f"{type(e).__name__}: {e}"

@@ -16,14 +16,17 @@ Checks (each a named `CheckResult`, failures carry a message saying what and whe
 - invalid action: an unknown command (text envs) or unknown tool (tool envs) gives an error
   observation (`Observation.error`), not an exception, and does not end the episode;
 - expert: on `fold_sample` train tasks per family (evenly spread over the family's train list),
-  playing `expert_plan()` reaches `won` (100% required); expert steps flagged as errors are reported;
-  an expert command missing from a valid-action list that claims to be complete
+  each expert the adapter offers reaches `won` (100% required): the fixed `expert_plan()` (unless a
+  policy is offered and the plan is empty) and the reacting policy `expert_action(observation)`
+  (asked at each real state, at most `max_policy_steps` times); expert steps flagged as errors are
+  reported; an expert command missing from a valid-action list that claims to be complete
   (`Observation.valid_actions_complete`) fails the check;
 - step after done: a step after the episode ended returns `done=True` (or raises a RuntimeError
   that says so), never anything else;
 - optional attributes (`envs.base.EnvDefaults`): where the adapter sets them, `description` is a str,
-  `families` a list or tuple of str that holds every listed task's family, `error_patterns` and
-  `progress_patterns` regexes that compile, `step_timeout` None or seconds >= 0.
+  `families` a list or tuple of str that holds every listed task's family, the pattern lists
+  (`error_patterns`, `progress_patterns`, `transient_patterns`, `replan_patterns`, `accept_patterns`)
+  regexes that compile, `step_timeout` None or seconds >= 0, `accepts` and `expert_action` None or callable.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from tqdm import tqdm
 from simplan.envs.base import (
     EXTRAS,
     FOLDS,
+    PATTERN_EXTRAS,
     Action,
     ActionParseError,
     Env,
@@ -48,11 +52,13 @@ from simplan.envs.base import (
     StepResult,
     Task,
     env_extra,
+    expert_policy,
     missing_from_complete_list,
 )
 
 INVALID_COMMAND = "xyzzy frobnicate"
 INVALID_TOOL = "xyzzy_frobnicate"
+MAX_POLICY_STEPS = 200  # a policy that has not ended its episode by then is looping
 
 
 @dataclass
@@ -175,6 +181,40 @@ def play(
     return last, steps, errors
 
 
+def play_policy(
+    env: Env, task: Task, first: Observation, unlisted: list[str] | None = None, max_steps: int = MAX_POLICY_STEPS
+) -> tuple[StepResult | None, list[Action], int]:
+    """Play the env's reacting expert from `first` (the reset observation of `task`) until done, until it has
+    nothing more to do, or for `max_steps`: (last result, actions taken, steps flagged as errors)."""
+    policy = expert_policy(env)
+    _require(policy is not None, f"{type(env).__name__} has no expert_action")
+    assert policy is not None
+    last: StepResult | None = None
+    obs, actions, errors = first, [], 0
+    while len(actions) < max_steps and (action := policy(obs)) is not None:
+        _require(isinstance(action, Action), f"expert_action returned {type(action).__name__}, expected Action")
+        if unlisted is not None and missing_from_complete_list(env, obs, action):
+            unlisted.append(f"{task.task_id} step {len(actions)}: {action.key()!r}")
+        last = env.step(action)
+        obs = last.observation
+        actions.append(action)
+        errors += int(obs.error)
+        if last.done:
+            break
+    return last, actions, errors
+
+
+def first_expert_action(env: Env, obs: Observation) -> Action:
+    """The expert's action right after a reset that gave `obs`: the policy's, else the plan's first."""
+    policy = expert_policy(env)
+    action = policy(obs) if policy is not None else None
+    if action is None:
+        plan = env.expert_plan()
+        _require(bool(plan), "the expert has no first action (expert_action gave None, expert_plan() is empty)")
+        action = plan[0]
+    return action
+
+
 def check_env(
     env: Env,
     fold_sample: int = 3,
@@ -226,9 +266,12 @@ def check_env(
         task = listed["train"][0]
         obs = _check_observation(env.reset(task), f"reset({task.task_id})")
         plan = env.expert_plan()
-        _require(isinstance(plan, list) and bool(plan), f"expert_plan() after reset({task.task_id}) is empty")
+        has_policy = expert_policy(env) is not None
+        _require(isinstance(plan, list), f"expert_plan() returned {type(plan).__name__}, expected a list")
+        _require(bool(plan) or has_policy, f"expert_plan() after reset({task.task_id}) is empty, and no expert_action")
         _require(all(isinstance(a, Action) for a in plan), "expert_plan() must return a list of Action")
-        result = _check_step(env.step(plan[0]), f"step({plan[0].key()}) on {task.task_id}")
+        first = first_expert_action(env, obs)
+        result = _check_step(env.step(first), f"step({first.key()}) on {task.task_id}")
         again = _check_observation(env.reset(task), f"second reset({task.task_id})")
         _require(again.text == obs.text, f"reset({task.task_id}) twice gave different observations")
         return f"{task.task_id}: Observation, StepResult(score={result.score:.2f}), reset is repeatable"
@@ -238,8 +281,7 @@ def check_env(
 
         _require(bool(listed.get("train")), "needs train tasks, which failed")
         task = listed["train"][0]
-        env.reset(task)
-        first = env.expert_plan()[0]
+        first = first_expert_action(env, env.reset(task))
         rendered = render_action(first)
         for bad in ("", "   \n ", f"{rendered}\n{rendered}"):
             try:
@@ -279,22 +321,32 @@ def check_env(
         error_steps: list[str] = []
         unlisted: list[str] = []
         bar = tqdm(sample, desc=f"{report.env} expert", unit="ep", disable=not progress, leave=False)
+        has_policy = expert_policy(env) is not None
+        kinds: list[str] = []
         for task in bar:
             bar.set_postfix_str(task.task_id)
+            runs: list[tuple[str, StepResult | None, str, int]] = []  # (kind, last result, steps, errors)
             first = env.reset(task)
             plan = env.expert_plan()
-            last, steps, errors = play(env, task, plan, first, unlisted)
+            if plan or not has_policy:
+                last, steps, errors = play(env, task, plan, first, unlisted)
+                runs.append(("plan", last, f"{steps}/{len(plan)}", errors))
+            if has_policy:
+                last, actions, errors = play_policy(env, task, env.reset(task), unlisted)
+                runs.append(("policy", last, str(len(actions)), errors))
+            kinds = [kind for kind, *_ in runs]
             wins[task.family][1] += 1
-            if last is not None and last.won:
+            lost = [(kind, last, steps) for kind, last, steps, _ in runs if last is None or not last.won]
+            if not lost:
                 wins[task.family][0] += 1
                 last_won[:] = [task]
-            else:
+            for kind, last, steps in lost:
                 state = "no step" if last is None else f"score {last.score:.2f}, done={last.done}"
-                failures.append(f"{task.task_id} ({steps}/{len(plan)} steps, {state})")
-            if errors:
-                error_steps.append(f"{task.task_id}: {errors}")
+                failures.append(f"{task.task_id} {kind} ({steps} steps, {state})")
+            if any(errors for *_, errors in runs):
+                error_steps.append(f"{task.task_id}: {'+'.join(str(e) for *_, e in runs)}")
         won = sum(w for w, _ in wins.values())
-        per_family = " ".join(f"{f}={w}/{n}" for f, (w, n) in wins.items())
+        per_family = " ".join(f"{f}={w}/{n}" for f, (w, n) in wins.items()) + f"; expert: {' and '.join(kinds)}"
         note = f"; expert steps flagged as errors: {', '.join(error_steps[:5])}" if error_steps else ""
         _require(not failures, f"expert failed on {len(failures)}/{len(sample)}: {', '.join(failures[:5])}{note}")
         _require(
@@ -308,9 +360,12 @@ def check_env(
     def after_done() -> str:
         _require(bool(last_won), "needs an episode the expert won, which the expert check did not produce")
         task = last_won[0]
-        env.reset(task)
-        plan = env.expert_plan()
-        last, _, _ = play(env, task, plan)
+        first = env.reset(task)
+        if expert_policy(env) is not None:
+            last, plan, _ = play_policy(env, task, first)
+        else:
+            plan = env.expert_plan()
+            last, _, _ = play(env, task, plan)
         _require(last is not None and last.done, f"{task.task_id}: the expert episode did not end")
         action = plan[-1]
         try:
@@ -341,7 +396,10 @@ def check_env(
         if families:
             unlisted = sorted({t.family for ts in listed.values() for t in ts} - set(families))
             _require(not unlisted, f"tasks have families {unlisted} that `families` does not list")
-        for name in ("error_patterns", "progress_patterns"):
+        for name in ("accepts", "expert_action"):
+            hook = env_extra(env, name)
+            _require(hook is None or callable(hook), f"{name} must be None or a method, got {hook!r}")
+        for name in PATTERN_EXTRAS:
             patterns = env_extra(env, name)
             _require(isinstance(patterns, list | tuple), f"{name} must be a list or tuple of regexes")
             for p in patterns:

@@ -14,13 +14,20 @@ Every task is a seed (train 0-59, dev 100-119, test 200-219); from the seed, det
 the product and quantity asked for; in some tasks one tool answers "503 service unavailable" the
 first time it is called (nothing happens; the same call then succeeds); in some tasks the first
 variant of the product sells out between `check_stock` and `order`, so another variant must be ordered.
-`expert_plan()` is the fixed path through all of that, retry and substitute included.
+`expert_plan()` is the fixed path through all of that, retry and substitute included; `expert_action()` is
+an expert that reacts to what the tools answered (it repeats a call after a 503, checks and orders the next
+variant after "sold out"), so it recovers from whatever a noisy step or an injected fault did.
+
+Failure classes (envs/base.py EnvDefaults): a 503 is transient (retry the same call), a sold-out item
+changes the plan (replan); `finish()` is accepted only once the order is shipped (`accepts`, and
+`accept_patterns` for a predicted finish outcome).
 """
 
 from __future__ import annotations
 
 import json
 import random
+import re
 from typing import Any
 
 from simplan.data.format import parse_tool_call
@@ -79,6 +86,9 @@ class ShopEnv(EnvDefaults):
     name = "shop"
     families = tuple(sorted(CATALOG))
     error_patterns = (r'"error"',)
+    transient_patterns = (r"\b503\b", r"temporarily unavailable", r"\btry again\b")
+    replan_patterns = (r"\bsold out\b", r"\bout of stock\b", r"\bonly \d+ in stock\b")
+    accept_patterns = (r'"shipped": true',)
 
     def __init__(self) -> None:
         self._task: Task | None = None
@@ -102,6 +112,12 @@ class ShopEnv(EnvDefaults):
         self._orders: dict[str, dict[str, Any]] = {}
         self._failed_once = False
         self._done = self._won = False
+        # What the tools have answered this episode (never the hidden stock): all the reacting expert knows.
+        self._items: list[str] = []
+        self._seen_stock: dict[str, int] = {}
+        self._unavailable: set[str] = set()
+        self._placed: dict[str, tuple[str, int]] = {}
+        self._shipped: set[str] = set()
         self._goal = f"Order {self._s['qty']} {self._s['product']}(s) of any kind and have the order shipped."
         return Observation(text=f"User: {self._goal}", goal=self._goal, tools=TOOLS)
 
@@ -122,7 +138,22 @@ class ShopEnv(EnvDefaults):
             result = getattr(self, f"_{action.name}")(**action.arguments)
         except TypeError as e:  # missing or unknown arguments
             return self._result({"error": f"{action.name}: {e}"}, error=True)
+        self._learn(action, result)
         return self._result(result, error="error" in result)
+
+    def _learn(self, action: Action, result: dict[str, Any]) -> None:
+        args = action.arguments
+        if "error" in result:
+            if action.name == "order" and re.search(r"sold out|only \d+ in stock", str(result["error"])):
+                self._unavailable.add(str(args.get("item")))
+        elif action.name == "search":
+            self._items = list(dict.fromkeys(self._items + result["items"]))
+        elif action.name == "check_stock":
+            self._seen_stock[result["item"]] = int(result["in_stock"])
+        elif action.name == "order":
+            self._placed[result["order_id"]] = (result["item"], result["qty"])
+        elif action.name == "ship":
+            self._shipped.add(result["order_id"])
 
     def _search(self, query: str) -> dict[str, Any]:
         q = str(query).strip().lower()
@@ -165,6 +196,32 @@ class ShopEnv(EnvDefaults):
         obs = Observation(text=json.dumps(result), goal=self._goal, tools=TOOLS, error=error)
         score = 1.0 if self._won else 0.5 if self._orders else 0.0
         return StepResult(obs, score=score, done=self._done, won=self._won, info={"tasksuccess": self._won})
+
+    def accepts(self) -> bool:
+        """The goal is met: an order of the requested product and quantity is shipped."""
+        return self._won
+
+    def expert_action(self, observation: Observation) -> Action | None:
+        """The next call of an expert that knows only what the tools answered: ship a placed order of the
+        product, else search, check and order its first variant not known to be unavailable. A failed call
+        taught it nothing, so after a 503 it makes the same call again."""
+        if self._task is None or self._done:
+            return None
+        product, qty = self._s["product"], self._s["qty"]
+        for order_id, (item, n) in self._placed.items():
+            if order_id not in self._shipped and item.startswith(f"{product}-") and n == qty:
+                return Action.tool_call("ship", {"order_id": order_id})
+        variants = [item for item in self._items if item.startswith(f"{product}-")]
+        if not variants:
+            return Action.tool_call("search", {"query": product})
+        for item in variants:
+            if item in self._unavailable:
+                continue
+            if item not in self._seen_stock:
+                return Action.tool_call("check_stock", {"item": item})
+            if self._seen_stock[item] >= qty:
+                return Action.tool_call("order", {"item": item, "qty": qty})
+        return Action(kind="finish")  # nothing left to try
 
     def expert_plan(self) -> list[Action]:
         """The fixed winning path from the reset state: the 503 retried, a sold-out variant replaced."""
