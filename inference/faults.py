@@ -16,6 +16,11 @@ Suites set faults per suite (recipes/suites/*.yaml, key `faults`); `simplan eval
 - ``perturb``: the action IS executed, but the observation text is altered (a sentence dropped,
   two sentences swapped, or a distracting sentence added). Flags, score and valid actions are real.
 
+Faults speak the env's language: in a tool environment (one with tools, or whose observations are JSON)
+a transient failure is a JSON error object too, and a JSON observation is perturbed as JSON (a key
+dropped or a distracting "notice" added), never turned into prose. Both failures read as transient
+(`FaultyEnv.transient_patterns`: the env's own plus these texts), so the planner retries them.
+
 Each step draws one uniform number u from a generator seeded by (seed, episode key, step index), so
 a fault schedule is deterministic and independent of the agent: the same task gets the same faults
 at the same step under every arm (the evaluation keys episodes without the arm for this reason).
@@ -33,11 +38,14 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from simplan.envs.base import Action, Env, Observation, StepResult, Task
+from simplan.envs.base import Action, Env, Observation, StepResult, Task, env_extra
 
 FAULT_KINDS: tuple[str, ...] = ("transient", "tool_error", "perturb")
 TRANSIENT_TEXT = "Nothing happens: the action failed this time (a transient error). It may work if you try again."
 TOOL_ERROR_TEXT = "{name}: the service is temporarily unavailable (error 503); the call was not executed, retry it"
+TRANSIENT_TOOL_TEXT = "the call failed this time (a transient error) and did not run; it may work if you try again"
+# The failures above are transient by construction: they are retried like the env's own (envs/base.py).
+FAULT_TRANSIENT_PATTERNS: tuple[str, ...] = (r"\(a transient error\)", r"temporarily unavailable \(error 503\)")
 DISTRACTORS = (
     "You hear a faint noise somewhere far away.",
     "A draft of cold air passes by.",
@@ -107,6 +115,26 @@ def choose_fault(cfg: FaultConfig, rng: random.Random, action: Action) -> str | 
     return None
 
 
+def json_object(text: str) -> dict[str, Any] | None:
+    """The JSON object `text` holds, None when it is not one."""
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def perturb_json(obj: dict[str, Any], rng: random.Random) -> str:
+    """Alter a JSON object observation and keep it JSON: drop a key when there are several, else add a
+    distracting "notice"."""
+    out = dict(obj)
+    if len(out) >= 2 and rng.random() < 0.5:
+        del out[rng.choice(sorted(out))]
+    else:
+        out["notice"] = rng.choice(DISTRACTORS)
+    return json.dumps(out)
+
+
 def perturb_text(text: str, rng: random.Random) -> str:
     """Alter an observation: drop or swap a sentence when there are several, else add a distractor."""
     sentences = [s for s in _SENTENCE.split(text.strip()) if s]
@@ -145,6 +173,11 @@ class FaultyEnv:
             raise AttributeError(attr)
         return getattr(self.env, attr)
 
+    @property
+    def transient_patterns(self) -> tuple[str, ...]:
+        """The env's transient failures and the ones this wrapper injects (module docstring)."""
+        return tuple(env_extra(self.env, "transient_patterns")) + FAULT_TRANSIENT_PATTERNS
+
     def begin_episode(self, key: str) -> None:
         """Name the next episode's fault schedule (default: "{env}/{task_id}" at reset)."""
         self._explicit_episode = key
@@ -179,7 +212,9 @@ class FaultyEnv:
             self._last = result
             if kind == "perturb":
                 obs = result.observation
-                altered = dataclasses.replace(obs, text=perturb_text(obs.text, rng))
+                as_json = json_object(obs.text)
+                text = perturb_json(as_json, rng) if as_json is not None else perturb_text(obs.text, rng)
+                altered = dataclasses.replace(obs, text=text)
                 result = StepResult(altered, result.reward, result.score, result.done, result.won, dict(result.info))
         if kind is not None:
             self._fired += 1
@@ -190,10 +225,12 @@ class FaultyEnv:
     def _not_executed(self, kind: str, action: Action) -> StepResult:
         last = self._last or StepResult(observation=Observation(text=""))
         prev = last.observation
-        if kind == "transient":
-            text = TRANSIENT_TEXT
-        else:
+        if kind == "tool_error":
             text = json.dumps({"error": TOOL_ERROR_TEXT.format(name=action.name)})
+        elif prev.tools or json_object(prev.text) is not None:  # a tool env: errors are JSON objects
+            text = json.dumps({"error": TRANSIENT_TOOL_TEXT})
+        else:
+            text = TRANSIENT_TEXT
         obs = dataclasses.replace(prev, text=text, error=True)
         return StepResult(obs, reward=0.0, score=last.score, done=False, won=False, info={"injected": True})
 
