@@ -63,11 +63,11 @@ class FlakyToy(ToyEnv):
 TASK = ToyEnv().tasks("dev")[3]  # corridor-103: the key in room 2, so the expert starts with "go east"
 
 
-def flaky_engine(fails: int) -> ScriptedEngine:
+def flaky_engine(fails: int, make=FlakyToy) -> ScriptedEngine:
     """A decider that scores the expert's action of the real state (the prompt's actions replayed) first."""
 
-    def state(user: str) -> FlakyToy:
-        env = FlakyToy(fails)
+    def state(user: str) -> ToyEnv:
+        env = make(fails)
         env.reset(TASK)
         for a in prompt_actions(user):
             env.step(Action.command(a))
@@ -80,10 +80,30 @@ def flaky_engine(fails: int) -> ScriptedEngine:
     return ScriptedEngine(decide=lambda req, user: toy_expert_action(state(user)), score=score)
 
 
-def flaky_run(fails: int, **kw):
+def flaky_run(fails: int, make=FlakyToy, **kw):
     cfg = PlannerConfig(arm="simplan", k=1, horizon=0, adaptive=False, max_history=50, raise_errors=True, **kw)
-    engine = flaky_engine(fails)
-    return Planner(engine, FlakyToy(fails), cfg).run(TASK), engine
+    engine = flaky_engine(fails, make)
+    return Planner(engine, make(fails), cfg).run(TASK), engine
+
+
+class SoldOutToy(FlakyToy):
+    """The first "take key" finds the key gone (a failure that changes the plan); the next one works."""
+
+    replan_patterns = (r"\bsold out\b",)
+
+    def step(self, action: Action) -> StepResult:
+        if self.left and action.text == "take key" and self.pos == self.key_room:
+            self.left -= 1
+            return StepResult(self._observe("The key is sold out.", error=True), score=self._score())
+        return ToyEnv.step(self, action)
+
+
+def test_a_failure_that_changes_the_plan_is_noted_and_replanned_but_not_banned():
+    result, _ = flaky_run(fails=1, make=SoldOutToy)
+    (replan,) = result.trace.of_type("replan")
+    assert "error_observation" in replan.reason and replan.failure_note == "take key -> The key is sold out."
+    assert replan.banned == []  # so "take key" stays on offer in that state, and works the second time
+    assert [a.action for a in result.trace.of_type("act")].count("take key") == 2 and result.summary.success
 
 
 def test_transient_failure_is_retried_without_model_call_note_or_ban():
