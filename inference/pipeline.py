@@ -56,6 +56,7 @@ from typing import Any
 from simplan.data.build import BuildConfig
 from simplan.data.collect import CollectConfig
 from simplan.data.io import write_json
+from simplan.envs.registry import UnknownEnvError
 from simplan.inference.engines.config import MODEL_FREE_KINDS, EngineConfig
 from simplan.inference.evaluate import EvalConfig, FolderLockedError
 from simplan.scripts.config import load_configs
@@ -76,7 +77,7 @@ TINY_PREFIX = "tiny-"  # "tiny-llama" / "tiny-qwen2": a tiny random model made o
 TRAIN_CONFIGS = (ModelArguments, LoraArguments, DataArguments, TrainArguments)  # `simplan train`'s dataclasses
 # Errors a stage raises for a cause the user can fix (a bad value, a missing file, an unknown env, a busy
 # eval folder): reported as one line with the command to rerun. Anything else keeps its traceback.
-USER_ERRORS = (ValueError, FileNotFoundError, ImportError, LookupError, FolderLockedError)
+USER_ERRORS = (ValueError, FileNotFoundError, ImportError, UnknownEnvError, FolderLockedError)
 
 
 def _help(text: str) -> dict[str, str]:

@@ -208,6 +208,15 @@ def test_collect_eval_and_report_stages_call_the_library(tmp_path, capsys) -> No
     assert summary.endswith(f"report: {(out / 'report' / 'report.html').resolve()}")
 
 
+def test_a_stage_error_the_user_can_fix_is_one_line_with_the_command(tmp_path, capsys) -> None:
+    argv = ["--out", str(tmp_path / "p"), "--env", "no_such_env", "--stages", "collect-train"]
+    assert main(argv + ["--collect", "{progress: false}"]) == 1
+    captured = capsys.readouterr()
+    assert "[1/1] collect-train failed: " in captured.err and "no_such_env" in captured.err
+    assert "Traceback" not in captured.err and "run the stage alone: simplan collect --env no_such_env" in captured.err
+    assert "collect-train    failed" in captured.out
+
+
 def _stages_available() -> bool:
     return (
         importlib.util.find_spec("simplan.scripts.train") is not None
