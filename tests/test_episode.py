@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -148,7 +149,20 @@ def test_planner_prompts_are_the_training_prefixes_bfcl(tmp_path, tok):
 @pytest.mark.slow
 def test_planner_prompts_are_the_training_prefixes_scienceworld(tmp_path, tok):
     pytest.importorskip("scienceworld")
-    trajs = _collect(tmp_path, "scienceworld", ["expert"], 1)
+    from simplan.data.format import render_action
+
+    # ScienceWorld lists a capped hint of valid actions and the planner decides among the listed ones,
+    # so the replay covers each episode up to its first expert action the hint does not list.
+    trajs = []
+    # Two task types: ScienceWorld's observations can change with the tasks its JVM played before, so
+    # a long collection replayed in fresh envs compares the env with itself rather than the renderer.
+    for traj in _collect(tmp_path, "scienceworld", ["expert"], 1, families=["boil", "melt"]):
+        listed = next(
+            (i for i, s in enumerate(traj.steps) if render_action(s.action) not in (s.valid_actions or [])),
+            len(traj.steps),
+        )
+        if listed:
+            trajs.append(replace(traj, steps=traj.steps[:listed]))
     _check_identity("scienceworld", trajs, PromptSettings(budget=1024, reserve=32), tok)
 
 
