@@ -60,7 +60,6 @@ SECTION_ACTION = "Action: {action}"
 ASK_DECIDER = "Next action?"
 ASK_SIMULATOR = "Observation after this action?"
 HISTORY_ITEM = "> {action}\n{observation}"
-HISTORY_LAST_ACTION = "> {action}"  # the last step, whose observation is the current one (shown once, below)
 ERROR_MARK = " [failed]"
 FINISH_TEXT = "finish()"
 
@@ -313,11 +312,7 @@ def _state_sections(state: PromptState) -> list[str]:
     if state.failures:
         sections.append(SECTION_FAILURES.format(items="\n".join(f"- {f}" for f in state.failures)))
     if state.history:
-        items = [history_item_text(h) for h in state.history]
-        last = state.history[-1]
-        if last.observation.strip() == state.observation.strip():  # no prompt shows one observation twice
-            items[-1] = HISTORY_LAST_ACTION.format(action=last.action + (ERROR_MARK if last.error else ""))
-        sections.append(SECTION_HISTORY.format(items="\n".join(items)))
+        sections.append(SECTION_HISTORY.format(items="\n".join(history_item_text(h) for h in state.history)))
     sections.append(SECTION_OBSERVATION.format(observation=state.observation.strip()))
     if state.tools:
         sections.append(SECTION_TOOLS.format(tools=_render_tools(state.tools)))
