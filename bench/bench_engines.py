@@ -84,7 +84,7 @@ def random_adapters(model_path: str, out: Path, rank: int = 16) -> dict[str, str
         with torch.no_grad():
             for pname, p in peft_model.named_parameters():
                 if "lora_B" in pname:
-                    p.normal_(0.0, 0.01)
+                    p.normal_(0.0, 0.01)  # peft starts B at zero (adapter == base); make it do work
         peft_model.save_pretrained(out / name)
         adapters[name] = str(out / name)
     return adapters

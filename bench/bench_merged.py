@@ -31,6 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench_engines import random_adapters  # this folder is on sys.path when a bench script runs
+
 CONFIGS = ("hf-lora", "hf-merged", "vllm-lora", "vllm-merged")
 GOAL = "Your task is to find the brass key, unlock the wooden chest in the attic and put the map inside it."
 ROOMS = ["kitchen", "hallway", "pantry", "living room", "staircase", "attic", "cellar", "garden"]
@@ -79,26 +81,6 @@ def round_requests(renderer, episodes: int, step: int, max_tokens: int):
         gen.append(GenerationRequest(adapter="simulator", messages=simulator, max_tokens=max_tokens, tag="simulate"))
         score.append(ScoreRequest(candidates=valid, adapter="decider", messages=decider, tag="score"))
     return gen, score
-
-
-def random_adapters(model_path: str, out: Path, rank: int = 16) -> dict[str, str]:
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    adapters = {}
-    for seed, name in enumerate(("decider", "simulator")):
-        torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-        cfg = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules="all-linear", task_type="CAUSAL_LM")
-        peft_model = get_peft_model(model, cfg)
-        with torch.no_grad():
-            for pname, p in peft_model.named_parameters():
-                if "lora_B" in pname:
-                    p.normal_(0.0, 0.01)  # peft starts B at zero (adapter == base); make it do work
-        peft_model.save_pretrained(out / name)
-        adapters[name] = str(out / name)
-    return adapters
 
 
 def build(config: str, model_path: str, adapters: dict[str, str], args) -> tuple[object, float]:

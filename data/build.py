@@ -354,6 +354,13 @@ def _percentiles(values: list[int]) -> dict[str, float]:
     return {"n": len(values), **pct, "max": int(a.max()), "mean": round(float(a.mean()), 1)}
 
 
+def _meta_features() -> dict[str, Any]:
+    """Feature types of the `trajectory_meta` columns."""
+    from datasets import Value
+
+    return {k: Value("string") for k in ("env", "task_id", "fold", "family", "trajectory_id", "policy")}
+
+
 def _features():
     from datasets import Features, List, Value
 
@@ -363,12 +370,7 @@ def _features():
             "prompt": List(message),
             "completion": Value("string"),
             "messages": List(message),
-            "env": Value("string"),
-            "task_id": Value("string"),
-            "fold": Value("string"),
-            "family": Value("string"),
-            "trajectory_id": Value("string"),
-            "policy": Value("string"),
+            **_meta_features(),
             "step": Value("int32"),
             "source": Value("string"),
             "error": Value("bool"),
@@ -575,12 +577,7 @@ def _conversation_features():
             "valid_actions": List(List(Value("string"))),
             "sources": List(Value("string")),
             "errors": List(Value("bool")),
-            "env": Value("string"),
-            "task_id": Value("string"),
-            "fold": Value("string"),
-            "family": Value("string"),
-            "trajectory_id": Value("string"),
-            "policy": Value("string"),
+            **_meta_features(),
             "role": Value("string"),
             "window_start": Value("int32"),
             "window_end": Value("int32"),
