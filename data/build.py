@@ -43,13 +43,12 @@ from pathlib import Path
 from typing import Any
 
 from simplan.data import format as fmt
-from simplan.data.episode import FORMATS, EpisodeState, PromptSettings, renderer_for, write_settings
+from simplan.data.episode import FORMATS, ROLES, EpisodeState, PromptSettings, renderer_for, write_settings
 from simplan.data.io import atomic_dir, write_json, write_jsonl, write_text
 from simplan.data.trajectory import STEP_SOURCES, Trajectory
 from simplan.data.validate import read_trajectory_lines
 from simplan.envs.base import FOLDS
 
-ROLES = ("decider", "simulator")
 DECIDER_SOURCES = ("expert", "recovery")
 DEFAULT_MAX_COMPLETION = {"decider": 128, "simulator": 384}
 MAX_REPORTED_PROBLEMS = 50
@@ -295,6 +294,16 @@ def trajectory_meta(traj: Trajectory) -> dict[str, Any]:
     }
 
 
+def skip_reason(step: Any, cfg: BuildConfig) -> str | None:
+    """Why a recorded step is not a target of the role (a stats key), None when it is: the role learns from
+    its sources, and the decider never imitates an action that failed."""
+    if step.source not in (cfg.sources or ()):
+        return f"source_{step.source}"
+    if cfg.role == "decider" and step.error and cfg.skip_failed_targets:
+        return "failed_action"
+    return None
+
+
 def make_candidates(trajectories: list[Trajectory], cfg: BuildConfig, counts: Counter) -> list[Candidate]:
     """One candidate per step that the role learns from; `counts` collects skipped steps by reason."""
     decider = cfg.role == "decider"
@@ -302,11 +311,8 @@ def make_candidates(trajectories: list[Trajectory], cfg: BuildConfig, counts: Co
     for traj in trajectories:
         states = fmt.trajectory_states(traj, max_history=cfg.max_history, max_failures=cfg.max_failures)
         for step, state in zip(traj.steps, states):
-            if step.source not in cfg.sources:
-                counts[f"source_{step.source}"] += 1
-                continue
-            if decider and step.error and cfg.skip_failed_targets:
-                counts["failed_action"] += 1
+            if reason := skip_reason(step, cfg):
+                counts[reason] += 1
                 continue
             action = fmt.render_action(step.action)
             completion = action if decider else fmt.observation_completion(step.next_observation)
@@ -462,16 +468,6 @@ def _render_sim(state: _SimState) -> fmt.Messages:
 # ---------------------------------------------------------------------------------------------
 # Conversation examples: one sequence per episode window (data/episode.py)
 # ---------------------------------------------------------------------------------------------
-def learns(cfg: BuildConfig) -> Callable[[Any], bool]:
-    """Which recorded steps carry loss: the role's sources; the decider never imitates a failed action."""
-    sources = set(cfg.sources or ())
-
-    def learn(step: Any) -> bool:
-        if step.source not in sources:
-            return False
-        return not (cfg.role == "decider" and step.error and cfg.skip_failed_targets)
-
-    return learn
 
 
 def conversation_rows(
@@ -481,16 +477,10 @@ def conversation_rows(
     from tqdm.auto import tqdm
 
     renderer = renderer_for(cfg.settings(), tokenizer)
-    learn = learns(cfg)
-    for traj in trajectories:
-        for step in traj.steps:
-            if step.source not in (cfg.sources or ()):
-                counts[f"source_{step.source}"] += 1
-            elif cfg.role == "decider" and step.error and cfg.skip_failed_targets:
-                counts["failed_action"] += 1
+    counts.update(reason for traj in trajectories for step in traj.steps if (reason := skip_reason(step, cfg)))
     pending: list[tuple[Trajectory, EpisodeState, Any]] = []
     for traj in tqdm(trajectories, desc=f"build {cfg.role}: windows", unit="episode", disable=not cfg.progress):
-        state = EpisodeState.from_trajectory(traj, learn)
+        state = EpisodeState.from_trajectory(traj, lambda step: skip_reason(step, cfg) is None)
         pending += [(traj, state, ex) for ex in renderer.examples(state, cfg.role)]
     dedup: Counter = Counter()
     if cfg.dedupe:  # a turn trained before with the same context (a branch's shared prefix) is context here

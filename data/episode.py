@@ -35,6 +35,23 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from simplan.data.format import (
+    CONVERSATION_DECIDER_SYSTEM,
+    CONVERSATION_SIMULATOR_SYSTEM,
+    SECTION_FAILURES,
+    SECTION_GOAL,
+    SECTION_NEW_TOOLS,
+    SECTION_NOTE,
+    SECTION_START,
+    SECTION_TOOLS,
+    SECTION_VALID,
+    TOOL_ACTION_HINT,
+    failure_note,
+    render_action,
+    render_tools,
+    text_token_counter,
+)
+
 if TYPE_CHECKING:
     from simplan.data.trajectory import Trajectory
 
@@ -42,29 +59,6 @@ Messages = list[dict[str, str]]
 ROLES = ("decider", "simulator")
 FORMATS = ("conversation", "step")
 SETTINGS_FILE = "prompt_settings.json"
-
-# ---------------------------------------------------------------------------------------------
-# Templates: prompts are data, kept together here (data/format.py holds the per-step ones).
-# ---------------------------------------------------------------------------------------------
-DECIDER_SYSTEM = (
-    "You are the decider of an agent acting in an environment. Each user turn is what the environment "
-    "shows now; reply with exactly one next action and nothing else."
-)
-SIMULATOR_SYSTEM = (
-    "You are the simulator of an environment. Each user turn is an action; reply with exactly the "
-    "observation the environment returns after it."
-)
-TOOL_ACTION_HINT = (
-    "Reply with one tool call written as name(arg=value, ...) with Python literal values, "
-    "or finish() when the user's request is done."
-)
-SECTION_GOAL = "Goal: {goal}"
-SECTION_TOOLS = "Tools:\n{tools}"
-SECTION_FAILURES = "Failed before (avoid repeating):\n{items}"
-SECTION_START = "Observation:\n{observation}"
-SECTION_VALID = "Valid actions: {actions}"
-SECTION_NOTE = "Note: {note}"
-SECTION_NEW_TOOLS = "Tools now:\n{tools}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -153,14 +147,6 @@ class Turn:
     imagined: bool = False
 
 
-def failure_note(action: str, observation: str, max_chars: int = 160) -> str:
-    """One failure-memory line: the action and what the environment answered."""
-    obs = " ".join(observation.split())
-    if len(obs) > max_chars:
-        obs = obs[: max_chars - 3] + "..."
-    return f"{action} -> {obs}"
-
-
 @dataclass
 class EpisodeState:
     """The turns of one episode; the last one is open (observed, not yet acted on) while acting."""
@@ -233,7 +219,7 @@ class EpisodeState:
                     tools=tools,
                     valid_actions=s.valid_actions,
                     notes=list(s.notes),
-                    action=render_action_text(s.action),
+                    action=render_action(s.action),
                     next_observation=s.next_observation,
                     error=s.error,
                     learn=learn(s),
@@ -253,12 +239,6 @@ class EpisodeState:
         return EpisodeState(turns)
 
 
-def render_action_text(action: Any) -> str:
-    from simplan.data.format import render_action
-
-    return render_action(action)
-
-
 # ---------------------------------------------------------------------------------------------
 # Rendering
 # ---------------------------------------------------------------------------------------------
@@ -271,10 +251,6 @@ class Example:
     weights: list[int]
     steps: list[int]
     window: tuple[int, int]  # first step shown, last step shown
-
-
-def _tools_text(tools: list[dict[str, Any]]) -> str:
-    return "\n".join(json.dumps(t, ensure_ascii=False, separators=(",", ":")) for t in tools)
 
 
 def approx_count_texts(texts: list[str]) -> list[int]:
@@ -305,11 +281,11 @@ class ConversationRenderer:
     def system(self, state: EpisodeState, start: int, role: str) -> str:
         turn = state.turns[start]
         parts = [
-            DECIDER_SYSTEM if role == "decider" else SIMULATOR_SYSTEM,
+            CONVERSATION_DECIDER_SYSTEM if role == "decider" else CONVERSATION_SIMULATOR_SYSTEM,
             SECTION_GOAL.format(goal=turn.goal.strip()),
         ]
         if turn.tools:
-            parts.append(SECTION_TOOLS.format(tools=_tools_text(turn.tools)))
+            parts.append(SECTION_TOOLS.format(tools=render_tools(turn.tools)))
             if role == "decider":
                 parts.append(TOOL_ACTION_HINT)
         failures = self.failures_before(state, start)
@@ -337,7 +313,7 @@ class ConversationRenderer:
         turn = state.turns[t]
         parts = [turn.observation.strip()]
         if t > start and turn.tools and turn.tools != state.turns[t - 1].tools:
-            parts.append(SECTION_NEW_TOOLS.format(tools=_tools_text(turn.tools)))
+            parts.append(SECTION_NEW_TOOLS.format(tools=render_tools(turn.tools)))
         if self.settings.show_valid and turn.valid_actions:
             parts.append(SECTION_VALID.format(actions=" | ".join(turn.valid_actions)))
         parts += [SECTION_NOTE.format(note=n) for n in turn.notes]
@@ -490,6 +466,4 @@ def renderer_for(settings: PromptSettings, tokenizer: Any = None) -> Conversatio
     """The renderer with the tokenizer's own counts (approximate counts without one)."""
     if tokenizer is None:
         return ConversationRenderer(settings)
-    from simplan.data.format import text_token_counter
-
     return ConversationRenderer(settings, text_token_counter(tokenizer), message_overhead(tokenizer))

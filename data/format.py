@@ -1,8 +1,9 @@
 """The one prompt format, shared by dataset building (training) and the planner (inference).
 
-Every prompt simplan sends to a model is rendered here; nothing else in the code base writes
-prompt text. A prompt is a list of chat messages (system + user); the chat template of the
-model's tokenizer turns it into text (`tokenizer.apply_chat_template`), so the same messages work
+Every prompt template lives here: the per-step layout is rendered here, the conversation layout by
+data/episode.py from these same templates; nothing else in the code base writes prompt text. A
+prompt is a list of chat messages (system + user); the chat template of the model's tokenizer turns
+it into text (`tokenizer.apply_chat_template`), so the same messages work
 for any instruct model. Completions are the rendered action (decider) or the next observation
 (simulator), followed by the tokenizer's EOS token during training so the model learns to stop.
 
@@ -50,6 +51,19 @@ TOOL_ACTION_HINT = (
     "Reply with one tool call written as name(arg=value, ...) with Python literal values, "
     "or finish() when the user's request is done."
 )
+# The conversation format (data/episode.py): one system message per window, observations as user
+# turns, actions as assistant turns (mirrored for the simulator).
+CONVERSATION_DECIDER_SYSTEM = (
+    "You are the decider of an agent acting in an environment. Each user turn is what the environment "
+    "shows now; reply with exactly one next action and nothing else."
+)
+CONVERSATION_SIMULATOR_SYSTEM = (
+    "You are the simulator of an environment. Each user turn is an action; reply with exactly the "
+    "observation the environment returns after it."
+)
+SECTION_START = "Observation:\n{observation}"
+SECTION_NOTE = "Note: {note}"
+SECTION_NEW_TOOLS = "Tools now:\n{tools}"
 SECTION_GOAL = "Goal: {goal}"
 SECTION_FAILURES = "Failed before (avoid repeating):\n{items}"
 SECTION_HISTORY = "Recent steps:\n{items}"
@@ -231,12 +245,13 @@ def state_from_steps(
     )
 
 
-def failure_note(action: Action, observation: str, max_chars: int = 160) -> str:
-    """One failure-memory line: the action and what the environment answered."""
+def failure_note(action: Action | str, observation: str, max_chars: int = 160) -> str:
+    """One failure-memory line: the action (or its rendered text) and what the environment answered."""
     obs = " ".join(observation.split())
     if len(obs) > max_chars:
         obs = obs[: max_chars - 3] + "..."
-    return f"{render_action(action)} -> {obs}"
+    text = action if isinstance(action, str) else render_action(action)
+    return f"{text} -> {obs}"
 
 
 DEFAULT_MAX_FAILURES = 5  # failure-memory lines a prompt shows (most recent distinct ones)
@@ -296,7 +311,8 @@ def state_at_step(
     return trajectory_states(head, max_history=max_history, max_failures=max_failures)[index]
 
 
-def _render_tools(tools: list[dict[str, Any]]) -> str:
+def render_tools(tools: list[dict[str, Any]]) -> str:
+    """Tool schemas as prompts show them: one compact JSON object per line."""
     return "\n".join(json.dumps(t, ensure_ascii=False, separators=(",", ":")) for t in tools)
 
 
@@ -315,7 +331,7 @@ def _state_sections(state: PromptState) -> list[str]:
         sections.append(SECTION_HISTORY.format(items="\n".join(history_item_text(h) for h in state.history)))
     sections.append(SECTION_OBSERVATION.format(observation=state.observation.strip()))
     if state.tools:
-        sections.append(SECTION_TOOLS.format(tools=_render_tools(state.tools)))
+        sections.append(SECTION_TOOLS.format(tools=render_tools(state.tools)))
         sections.append(TOOL_ACTION_HINT)
     elif state.valid_actions:
         sections.append(SECTION_VALID.format(actions=" | ".join(state.valid_actions)))
