@@ -29,7 +29,10 @@ on it without knowing the future, and consecutive steps share their prompt prefi
 
 from __future__ import annotations
 
+import functools
 import json
+import re
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -51,6 +54,8 @@ from simplan.data.format import (
     render_tools,
     text_token_counter,
 )
+from simplan.envs.base import env_extra
+from simplan.envs.registry import UnknownEnvError, resolve
 
 if TYPE_CHECKING:
     from simplan.data.trajectory import Trajectory
@@ -143,6 +148,9 @@ class Turn:
     action: str | None = None  # rendered action; None while the turn is open
     next_observation: str | None = None
     error: bool = False
+    # The failure's class (envs/base.py FAILURE_CLASSES) where known. A transient one (a 503 retried as it
+    # is) is not a mistake to avoid, so the failure memory leaves it out.
+    failure: str | None = None
     learn: bool = True  # a training target of the role the state was built for
     imagined: bool = False
 
@@ -174,12 +182,15 @@ class EpisodeState:
         notes: Sequence[str] = (),
         learn: bool = True,
         imagined: bool = False,
+        failure: str | None = None,
     ) -> EpisodeState:
-        """Close the open turn with `action` and open the next one at `observation`; returns self."""
+        """Close the open turn with `action` and open the next one at `observation`; returns self. `failure`:
+        the class of a failed step (the planner's judge decides it), None when unknown."""
         turn = self.current
         if turn.action is not None:
             raise ValueError("EpisodeState.step: the last turn is closed already (the episode ended)")
         turn.action, turn.next_observation, turn.error, turn.learn = action, observation, error, learn
+        turn.failure = failure if error else None
         turn.imagined = turn.imagined or imagined
         self.turns.append(
             Turn(
@@ -202,11 +213,17 @@ class EpisodeState:
         return EpisodeState(self.turns[:-1] + [replace(self.current, notes=list(self.current.notes))])
 
     @staticmethod
-    def from_trajectory(traj: Trajectory, learn: Callable[[Any], bool] = lambda step: True) -> EpisodeState:
+    def from_trajectory(
+        traj: Trajectory,
+        learn: Callable[[Any], bool] = lambda step: True,
+        transient: Sequence[re.Pattern[str]] | None = None,
+    ) -> EpisodeState:
         """Replay a recorded trajectory; `learn(step)` says which steps are training targets. Goal and tools
         change where a step's `info` says so (collection records a BFCL user turn or what a TWX agent read
-        there), from the next step on."""
+        there), from the next step on. A failed step whose observation matches `transient` (default: the
+        env's `transient_patterns`, as the planner's judge reads them) is a transient failure."""
         goal, tools = traj.goal, traj.tools
+        transient = env_transient_patterns(traj.env) if transient is None else transient
         turns = []
         for i, s in enumerate(traj.steps):
             if i > 0:
@@ -222,6 +239,7 @@ class EpisodeState:
                     action=render_action(s.action),
                     next_observation=s.next_observation,
                     error=s.error,
+                    failure="transient" if s.error and any(p.search(s.next_observation) for p in transient) else None,
                     learn=learn(s),
                 )
             )
@@ -237,6 +255,22 @@ class EpisodeState:
         else:
             turns.append(Turn(observation=traj.initial_observation, goal=goal, tools=tools))
         return EpisodeState(turns)
+
+
+@functools.cache
+def env_transient_patterns(env: str) -> tuple[re.Pattern[str], ...]:
+    """The `transient_patterns` an env declares (envs/base.py EnvDefaults), read from its adapter class without
+    building it (no JVM); () with a warning when the name names no env in this process."""
+    try:
+        factory = resolve(env)
+    except UnknownEnvError as e:
+        warnings.warn(
+            f"env {env!r}: its transient failures cannot be told apart ({e}); the failure memory of its "
+            "trajectories lists them all. Install the env's package (or register it) before building.",
+            stacklevel=2,
+        )
+        return ()
+    return tuple(re.compile(p) for p in env_extra(factory, "transient_patterns"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -296,13 +330,14 @@ class ConversationRenderer:
         return "\n\n".join(parts)
 
     def failures_before(self, state: EpisodeState, start: int) -> list[str]:
-        """Failure notes of the failed steps before `start`: distinct, newest last, the newest `max_failures`."""
+        """Failure notes of the failed steps before `start`: distinct, newest last, the newest `max_failures`.
+        A transient failure is left out: the call was retried as it was, it is no mistake to avoid."""
         keep = self.settings.max_failures
         if not keep:
             return []
         notes: dict[str, None] = {}
         for turn in state.turns[:start]:
-            if turn.error and turn.action is not None:
+            if turn.error and turn.action is not None and turn.failure != "transient":
                 note = failure_note(turn.action, turn.next_observation or "")
                 notes.pop(note, None)
                 notes[note] = None

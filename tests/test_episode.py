@@ -264,3 +264,30 @@ def test_trl_sft_trains_on_the_export_with_our_loss_mask(tmp_path, tok):
     trainer.train()
     losses = [r["loss"] for r in trainer.state.log_history if "loss" in r]
     assert losses and all(loss == loss and loss > 0 for loss in losses)  # finite, positive
+
+
+# ---------------------------------------------------------------------------------------------
+# Transient failures are retried, not remembered (training and planner alike)
+# ---------------------------------------------------------------------------------------------
+SHOP = Path(__file__).resolve().parents[1] / "examples" / "simplan-shop"
+
+
+def test_transient_failures_stay_out_of_the_failure_memory_in_training_and_planner_prompts(tmp_path, tok, monkeypatch):
+    monkeypatch.syspath_prepend(str(SHOP))
+    trajs = _collect(tmp_path, "simplan_shop.env:ShopEnv", ["expert", "noisy_expert"], 3)
+    settings = PromptSettings(budget=600, reserve=16, overlap=1)  # the shop's episodes span 2 windows here
+    renderer = renderer_for(settings, tok)
+    memories: list[str] = []
+    unclassed: list[str] = []  # every failure remembered, as before transient ones were told apart
+    for traj in trajs:
+        state = EpisodeState.from_trajectory(traj)
+        starts = {ex.window[0] for ex in renderer.examples(state, "decider")}
+        memories += [renderer.system(state, s, "decider") for s in starts]
+        unclassed += [renderer.system(EpisodeState.from_trajectory(traj, transient=()), s, "decider") for s in starts]
+    assert len([m for m in unclassed if "503" in m]) >= 3, "windows must open after a 503 for the check to matter"
+    assert not [m for m in memories if "503" in m]
+    assert [m for m in memories if "Failed before" in m], "permanent and sell-out failures are still remembered"
+
+    # The planner (reactive: it asks the decider at every step, the retry too) sends the training prefixes. The
+    # expert's episodes only: a noisy one's unknown tool is parsed into another action by the planner.
+    _check_identity("simplan_shop.env:ShopEnv", [t for t in trajs if t.policy == "expert"], settings, tok)
