@@ -10,7 +10,7 @@ ship(order_id), finish(). Observations are the tool's JSON result; errors are `{
 `Observation.error` set. The episode is won when an order of the requested product, in the requested
 quantity, is shipped; `finish()` ends it as it stands.
 
-Every task is a seed (train 0-59, dev 100-119, test 200-219); from the seed, deterministically:
+Every task is a seed (train 0-59, dev 100-159, test 200-219); from the seed, deterministically:
 the product and quantity asked for; in some tasks one tool answers "503 service unavailable" the
 first time it is called (nothing happens; the same call then succeeds); in some tasks the first
 variant of the product sells out between `check_stock` and `order`, so another variant must be ordered.
@@ -33,7 +33,9 @@ from typing import Any
 from simplan.data.format import parse_tool_call
 from simplan.envs.base import Action, EnvDefaults, Observation, StepResult, Task
 
-FOLD_SEEDS = {"train": range(0, 60), "dev": range(100, 120), "test": range(200, 220)}
+# dev has 60 tasks (19-22 per family; 50 with a 503, 28 with a sell-out) so that a paired evaluation on at least
+# 40 of them (recipes/suites/shop-dev-faults.yaml) can tell arms apart.
+FOLD_SEEDS = {"train": range(0, 60), "dev": range(100, 160), "test": range(200, 220)}
 CATALOG: dict[str, dict[str, list[str]]] = {  # family -> product -> variants (the items you can order)
     "kitchen": {"kettle": ["kettle-steel", "kettle-glass"], "teapot": ["teapot-clay", "teapot-iron"]},
     "outdoor": {"tent": ["tent-2p", "tent-4p"], "lantern": ["lantern-led", "lantern-gas"]},
