@@ -98,10 +98,9 @@ from simplan.inference.pivots import (
     default_rules,
     similarity,
 )
-from simplan.inference.planner_config import Budgets, PlannerConfig, Router, simulator_accuracy
+from simplan.inference.planner_config import Budgets, PlannerConfig, Router
 from simplan.inference.prompt_fit import PromptFitter, approx_token_counter, locked
 from simplan.inference.prompts import PlannerPrompts
-from simplan.inference.sim_accuracy import action_verb
 from simplan.inference.trace import (
     ActEvent,
     CandidateRecord,
@@ -162,7 +161,6 @@ class Rollout:
     probability: float | None = None
     logprob: float | None = None
     alive: bool = True
-    confidence: list[float | None] = field(default_factory=list)  # simulator's mean token logprob per prediction
 
 
 @dataclass
@@ -277,10 +275,8 @@ class Planner:
                 error_patterns=self.judge.error_re,
             )
         self.rules = rules
-        # router selective reads the simulator's per-verb accuracy (its adapter's simulator_accuracy.json).
-        self.router = Router(config, simulator_accuracy(config, dict(getattr(engine, "adapter_dirs", None) or {})))
-        # (state key, action key) -> (predicted observation, the simulator's mean token logprob of it)
-        self.cache: dict[tuple[str, str], tuple[str, float | None]] = {}
+        self.router = Router(config)
+        self.cache: dict[tuple[str, str], str] = {}  # (state key, action key) -> predicted observation
         self._can_score = True
         self._unsupported: set[str] = set()  # constrained-decoding kinds the backend refused
         # simulator "env": the real env, replayed on copies, answers imagination (inference/oracle.py); one
@@ -698,9 +694,7 @@ class Planner:
         root = self._prompt_state(ep, [], ep.obs.text, allowed)
         proposals, margin, how, fallback = self._propose(ep, root, allowed, b.k)
         steps_left = b.max_steps - ep.steps
-        verb = action_verb(render_action(proposals[0].action)) if proposals else ""
-        route = self.router.route(b, margin, steps_left, ep.degraded, verb)
-        horizon, reason = route.horizon, route.reason
+        horizon, reason = self.router.horizon(b, margin, steps_left, ep.degraded)
         if fallback:
             horizon, reason = 0, "fallback: the decider gave no usable action"
         rollouts = [Rollout([p.action], [], p.probability, p.logprob) for p in proposals]
@@ -709,16 +703,13 @@ class Planner:
         records = []
         for i, r in enumerate(rollouts):
             keys = [a.key() for a in r.actions]
-            parts, total = self.judge.score(
-                keys, r.predicted, ep.memory, r.probability, finish_verdict=verdict, confidence=r.confidence
-            )
+            parts, total = self.judge.score(keys, r.predicted, ep.memory, r.probability, finish_verdict=verdict)
             records.append(
                 CandidateRecord(
                     index=i,
                     actions=[render_action(a) for a in r.actions],
                     predicted=[p if p is not None else "" for p in r.predicted],
                     logprob=r.logprob,
-                    confidence=[None if c is None else round(c, 6) for c in r.confidence],
                     parts=parts,
                     total=total,
                 )
@@ -739,10 +730,6 @@ class Planner:
                 cache_hits=hits,
                 simulator=self.config.simulator or "model",
                 seconds=round(time.perf_counter() - t0, 6),
-                margin=None if margin is None else round(margin, 6),
-                route=route.route if not fallback else "",
-                route_verb=route.verb,
-                route_accuracy=route.accuracy,
             ),
             step=ep.steps,
         )
@@ -902,9 +889,7 @@ class Planner:
                 state = self._imagined_state(ep, r, allowed if depth == 0 else imagined_valid)
                 ckey = self._cache_key(state, r.actions[-1])
                 if cfg.sim_cache and ckey in self.cache:
-                    text, confidence = self.cache[ckey]
-                    r.predicted.append(text)
-                    r.confidence.append(confidence)
+                    r.predicted.append(self.cache[ckey])
                     hits += 1
                     continue
                 pending.append((r, ckey))
@@ -913,24 +898,20 @@ class Planner:
                         adapter=self.simulator,
                         messages=self.prompts.simulator(state, r.actions[-1]),
                         max_tokens=cfg.simulator_max_tokens,
-                        logprobs=True,  # the prediction's confidence (mean token logprob), weighed by the judge
                         tag="simulate",
                     )
                 )
             if requests:
                 for (r, ckey), res in zip(pending, self._generate(ep, requests)):
                     text = res.completions[0].text.strip() if res.completions else ""
-                    confidence = res.completions[0].mean_logprob if res.completions else None
                     if not text:
                         self._parse_failure(ep, "simulator", text, "empty prediction", "dropped")
                         r.predicted.append(None)
-                        r.confidence.append(None)
                         r.alive = False
                         continue
                     r.predicted.append(text)
-                    r.confidence.append(confidence)
                     if cfg.sim_cache:
-                        self.cache[ckey] = (text, confidence)
+                        self.cache[ckey] = text
             for r in alive:
                 if r.predicted[-1] is not None and self.judge.is_error(r.predicted[-1]):
                     r.alive = False  # the rollout ends at a predicted failure
@@ -977,12 +958,10 @@ class Planner:
             except OracleError as e:
                 self._parse_failure(ep, "simulator", "", str(e), "dropped")
                 r.predicted.append(None)
-                r.confidence.append(None)
                 r.alive = False
                 continue
             hits += self.oracle.stats.hits - before
             r.predicted.append(text)
-            r.confidence.append(None)  # the env's own answer: no model confidence to weigh
         return hits
 
     def _imagined_state(
