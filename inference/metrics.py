@@ -23,10 +23,26 @@ deduplicated by id (the first finished trace wins). Definitions:
     wall_per_success    all wall seconds / successes (None without a success)
     losses              lost episodes per loss class (inference/losses.py), classes with none left out
     sim_accuracy        sum exact predictions / sum predictions, over real steps that had one
+
+Prompt tokens per step (`PromptAccount`, from the imagine events; prefilled = prompt - cached, the tokens
+the engine computed rather than reused from its prefix cache; scored candidates count as prompt tokens):
+    decisions           decider calls from the real state, one per imagine event (each is followed by a
+                        real action; a committed plan's later actions need none)
+    imagined_steps      simulated transitions: predictions in the imagined rollouts, cached ones included
+    prompt/prefilled_per_decision       tokens of the calls from the real state / decisions
+    prompt/prefilled_per_imagined_step  tokens of the rollouts' calls (simulator, and decider inside
+                        imagination) / imagined steps
+    prompt/prefilled_per_real_step      all the episode's prompt tokens / real actions
+    prompt_cache_share  cached / prompt tokens, all calls
+An imagine event records the tokens of the decision and of its rollouts as one sum, so the split is
+exact only for decisions that imagined nothing (the reactive arm, skipped simulation); a group with
+any other decision (`unsplit_decisions` > 0) reports the per-decision and per-imagined-step numbers as
+None rather than guess a split.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter
 from collections.abc import Iterable
@@ -35,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from simplan.inference.losses import LOSS_CLASSES, Loss, classify_loss
-from simplan.inference.trace import EpisodeSummary, EpisodeTrace, read_traces, summarize
+from simplan.inference.trace import EpisodeSummary, EpisodeTrace, ImagineEvent, read_traces, summarize
 
 Z95 = 1.959963984540054
 
@@ -55,12 +71,45 @@ def wilson_interval(successes: int, n: int, z: float = Z95) -> tuple[float, floa
 
 
 @dataclass
+class PromptAccount:
+    """An episode's prompt tokens split by where the calls were made (module docstring)."""
+
+    decisions: int = 0  # imagine events: decider calls from the real state
+    decision_prompt: int = 0
+    decision_cached: int = 0
+    imagined_steps: int = 0  # predictions in imagined rollouts (cache hits included)
+    imagined_prompt: int = 0
+    imagined_cached: int = 0
+    unsplit_decisions: int = 0  # decisions that imagined: their tokens are in neither sum above
+
+    def add(self, other: PromptAccount) -> None:
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+
+def imagine_account(e: ImagineEvent) -> PromptAccount:
+    """One decision's tokens: all the decision's when nothing was imagined (no rollout made a call)."""
+    steps = sum(len(c.predicted) for c in e.candidates)
+    if steps == 0:  # no prediction: no simulator call, hence no decider call inside a rollout either
+        return PromptAccount(1, e.prompt_tokens, e.cached_prompt_tokens)
+    return PromptAccount(decisions=1, imagined_steps=steps, unsplit_decisions=1)
+
+
+def prompt_account(trace: EpisodeTrace) -> PromptAccount:
+    total = PromptAccount()
+    for e in trace.of_type("imagine"):
+        total.add(imagine_account(e))
+    return total
+
+
+@dataclass
 class EpisodeRecord:
-    """An episode's summary plus what the summary does not keep (replan reasons, why it was lost)."""
+    """An episode's summary plus what the summary does not keep (replan reasons, why it was lost, prompt split)."""
 
     summary: EpisodeSummary
     replans_by_reason: dict[str, int] = field(default_factory=dict)
     loss: Loss | None = None  # None for a won episode
+    prompts: PromptAccount = field(default_factory=PromptAccount)
 
 
 def episode_record(trace: EpisodeTrace) -> EpisodeRecord:
@@ -69,7 +118,7 @@ def episode_record(trace: EpisodeTrace) -> EpisodeRecord:
         for r in str(e.reason).split(","):
             if r:
                 reasons[r] += 1
-    return EpisodeRecord(summarize(trace), dict(sorted(reasons.items())), classify_loss(trace))
+    return EpisodeRecord(summarize(trace), dict(sorted(reasons.items())), classify_loss(trace), prompt_account(trace))
 
 
 def records_from_traces(traces: Iterable[EpisodeTrace]) -> list[EpisodeRecord]:
@@ -135,6 +184,17 @@ class GroupMetrics:
     sim_exact: int = 0
     sim_accuracy: float | None = None
     losses: dict[str, int] = field(default_factory=dict)  # loss class -> lost episodes
+    real_steps: int = 0
+    decisions: int = 0
+    imagined_steps: int = 0
+    unsplit_decisions: int = 0
+    prompt_per_decision: float | None = None
+    prefilled_per_decision: float | None = None
+    prompt_per_imagined_step: float | None = None
+    prefilled_per_imagined_step: float | None = None
+    prompt_per_real_step: float | None = None
+    prefilled_per_real_step: float | None = None
+    prompt_cache_share: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -191,7 +251,32 @@ def group_metrics(arm: str, family: str, records: list[EpisodeRecord]) -> GroupM
     m.sim_accuracy = m.sim_exact / m.sim_predictions if m.sim_predictions else None
     lost = Counter(r.loss.label for r in records if r.loss is not None)
     m.losses = {label: lost[label] for label in LOSS_CLASSES if lost[label]}
+    prompt_step_metrics(m, records)
     return m
+
+
+def _per(tokens: int, count: int) -> float | None:
+    return tokens / count if count else None
+
+
+def prompt_step_metrics(m: GroupMetrics, records: list[EpisodeRecord]) -> None:
+    """Fill m's prompt-tokens-per-step fields (module docstring) from the records' summaries and accounts."""
+    acc = PromptAccount()
+    for r in records:
+        acc.add(r.prompts)
+    prompt = sum(r.summary.prompt_tokens for r in records)
+    cached = sum(r.summary.cached_prompt_tokens for r in records)
+    m.real_steps = sum(r.summary.steps for r in records)
+    m.decisions, m.imagined_steps, m.unsplit_decisions = acc.decisions, acc.imagined_steps, acc.unsplit_decisions
+    m.prompt_per_real_step = _per(prompt, m.real_steps)
+    m.prefilled_per_real_step = _per(prompt - cached, m.real_steps)
+    m.prompt_cache_share = cached / prompt if prompt else None
+    if acc.unsplit_decisions:
+        return  # the trace does not say which of those decisions' tokens were imagination's
+    m.prompt_per_decision = _per(acc.decision_prompt, acc.decisions)
+    m.prefilled_per_decision = _per(acc.decision_prompt - acc.decision_cached, acc.decisions)
+    m.prompt_per_imagined_step = _per(acc.imagined_prompt, acc.imagined_steps)
+    m.prefilled_per_imagined_step = _per(acc.imagined_prompt - acc.imagined_cached, acc.imagined_steps)
 
 
 ARM_ORDER = ("reactive", "plan", "simplan")

@@ -6,11 +6,13 @@
 
 Reads each run's traces.jsonl (inference/metrics.py computes every metric from them), names the
 files with their size and SHA-256 so each number can be traced back, and writes:
-- report.md with tables (arms side by side across runs; each pair of arms compared task by task:
+- report.md with tables (arms side by side across runs; prompt tokens per decision, imagined step
+  and real step, prefilled vs reused from the prefix cache; each pair of arms compared task by task:
   the success difference with its paired bootstrap interval and the exact McNemar p-value,
   inference/paired.py; success by game; lost episodes by loss class, inference/losses.py; pivot and
   replan reasons) and plots/*.png next to it;
-- report.html, the same content with the plots embedded as base64 PNG (one file to share).
+- report.html, the same content with the plots embedded as base64 PNG (one file to share);
+- metrics.json, every run's per-arm and per-(arm, game) metrics (GroupMetrics) as numbers.
 Plots (matplotlib, Agg backend): success by arm and game (Wilson 95% intervals), tokens per
 episode versus success, and pivot reasons by rule.
 """
@@ -27,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from simplan.data.io import atomic_open, write_text
+from simplan.data.io import atomic_open, write_json, write_text
 from simplan.inference.losses import LOSS_CLASSES, LOSS_LABELS
 from simplan.inference.metrics import EpisodeRecord, GroupMetrics, aggregate, load_run, trace_files
 from simplan.inference.paired import PairedComparison, compare_all
@@ -173,6 +175,50 @@ def arms_table(runs: list[RunData]) -> Table:
         "Per episode means; invalid = real actions the env flagged as failed (injected faults included); "
         "tokens = prompt + completion (scored candidates count as prompt tokens); planning share = "
         "planning seconds / wall seconds; sim accuracy = exact predictions / predicted real steps.",
+    )
+
+
+def tokens_pair(prompt: float | None, prefilled: float | None) -> str:
+    return "-" if prompt is None or prefilled is None else f"{num(prompt, 1)} / {num(prefilled, 1)}"
+
+
+def prompt_steps_table(runs: list[RunData]) -> Table:
+    rows = []
+    for r in runs:
+        for m in r.arms:
+            unsplit = f" ({m.unsplit_decisions} imagined)" if m.unsplit_decisions else ""
+            rows.append(
+                [
+                    r.name,
+                    m.arm,
+                    str(m.real_steps),
+                    f"{m.decisions}{unsplit}",
+                    str(m.imagined_steps),
+                    tokens_pair(m.prompt_per_decision, m.prefilled_per_decision),
+                    tokens_pair(m.prompt_per_imagined_step, m.prefilled_per_imagined_step),
+                    tokens_pair(m.prompt_per_real_step, m.prefilled_per_real_step),
+                    pct(m.prompt_cache_share),
+                ]
+            )
+    return Table(
+        "Prompt tokens per step",
+        [
+            "run",
+            "arm",
+            "real steps",
+            "decisions",
+            "imagined steps",
+            "per decision: prompt / prefilled",
+            "per imagined step: prompt / prefilled",
+            "per real step, all calls: prompt / prefilled",
+            "cache hit share",
+        ],
+        rows,
+        "Totals over the arm's episodes; prefilled = prompt - tokens the engine reused from its prefix cache; "
+        "scored candidates count as prompt tokens. A decision is a decider call from the real state (followed by "
+        "a real action); an imagined step is one prediction in a rollout, its simulator call and the decider call "
+        "after it. The trace sums a decision's tokens with its rollouts', so the per-decision and per-imagined-step "
+        "columns show '-' for an arm with decisions that imagined (their count in brackets).",
     )
 
 
@@ -468,6 +514,22 @@ def _unique_names(runs: list[str | Path]) -> list[str]:
     return names
 
 
+def metrics_json(runs: list[RunData]) -> dict[str, Any]:
+    """Every run's per-arm and per-(arm, game) metrics as plain JSON, with the trace files they come from."""
+    return {
+        "runs": [
+            {
+                "name": r.name,
+                "path": str(r.path),
+                "files": r.files,
+                "arms": [m.to_dict() for m in r.arms],
+                "families": [m.to_dict() for m in r.families],
+            }
+            for r in runs
+        ]
+    }
+
+
 def write_report(run_dirs: list[str | Path], out_dir: str | Path, title: str = "simplan evaluation report") -> dict:
     """Write report.md (+ plots/*.png) and a self-contained report.html; returns their paths."""
     if not run_dirs:
@@ -478,7 +540,7 @@ def write_report(run_dirs: list[str | Path], out_dir: str | Path, title: str = "
     if len(empty) == len(runs):
         raise ValueError(f"write_report: no finished episode in {', '.join(empty)}; run `simplan eval` first")
     by_game = [family_tables(r) for r in runs]
-    main = [files_table(runs), arms_table(runs), paired_table(runs)]
+    main = [files_table(runs), arms_table(runs), prompt_steps_table(runs), paired_table(runs)]
     main += [success for success, _ in by_game]
     main.append(loss_table(runs))
     details = [detail for _, detail in by_game]
@@ -510,6 +572,8 @@ def write_report(run_dirs: list[str | Path], out_dir: str | Path, title: str = "
     md += [t.markdown() for t in details]
     md_path = out / "report.md"
     write_text(md_path, "\n".join(md))
+    json_path = out / "metrics.json"
+    write_json(json_path, metrics_json(runs))
 
     imgs = "".join(
         f"<figure><img alt='{html.escape(caption)}' src='data:image/png;base64,{base64.b64encode(png).decode()}'>"
@@ -528,4 +592,10 @@ def write_report(run_dirs: list[str | Path], out_dir: str | Path, title: str = "
         f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
         f"<style>{CSS}</style></head><body>{body}</body></html>\n",
     )
-    return {"md": md_path, "html": html_path, "plots": plot_paths, "runs": [str(r.path) for r in runs]}
+    return {
+        "md": md_path,
+        "html": html_path,
+        "json": json_path,
+        "plots": plot_paths,
+        "runs": [str(r.path) for r in runs],
+    }
