@@ -27,6 +27,12 @@ and `exact` measures the decider's first proposal in an episode. The default `fr
 text, which shows whether the model writes valid actions on its own. vLLM's `choice` decodes token
 by token under a grammar, which can differ when two valid actions share a prefix.
 
+Simulator accuracy per action verb (inference/sim_accuracy.py: a command's first word, a tool call's
+name; the action is read from the row's prompt) goes to metrics.json (`by_verb`, per variant) and, for
+the adapter (else the base model), to out/simulator_accuracy.json (verb -> {n, exact, accuracy});
+`--write_adapter_accuracy true` also writes it into the adapter's folder, where the planner's
+selective router reads it (PlannerConfig.router).
+
 Every metric is also broken down by task family (the dataset's `family` column). `--limit N` takes
 N rows spread evenly over the families (round robin, each family in fold order), so a small sample
 is not just the first game of the fold.
@@ -48,6 +54,7 @@ from typing import TYPE_CHECKING, Any
 from simplan.data.build import step_rows
 from simplan.data.format import prompt_text
 from simplan.data.io import iter_jsonl, write_json, write_jsonl, write_text
+from simplan.inference.sim_accuracy import ACCURACY_FILE, SimulatorAccuracy, simulator_prompt_action
 
 if TYPE_CHECKING:
     from simplan.data.trajectory import Trajectory
@@ -96,6 +103,13 @@ class EvalModelConfig:
         default="",
         metadata={"help": "with --replay: collection JSONL files, comma-separated ('' = the dataset's build inputs)"},
     )
+    write_adapter_accuracy: bool = field(
+        default=False,
+        metadata={
+            "help": f"simulator: also write the adapter's per-verb accuracy ({ACCURACY_FILE}) into --adapter, "
+            "where the planner's selective router reads it"
+        },
+    )
     decode: str = field(
         default="free",
         metadata={
@@ -120,6 +134,11 @@ class EvalModelConfig:
             raise ValueError(f"decode: {self.decode!r} is not one of {DECODES}")
         if self.decode == "choices" and self.role != "decider":
             raise ValueError("decode: choices picks among a decider's valid actions; use free for the simulator")
+        if self.write_adapter_accuracy and (self.role != "simulator" or not self.adapter):
+            raise ValueError(
+                "write_adapter_accuracy: writes a simulator adapter's per-verb accuracy; give --role simulator and "
+                "--adapter DIR, or drop --write_adapter_accuracy"
+            )
         if self.decode == "choices" and self.predictions:
             raise ValueError("decode: --predictions scores saved outputs, nothing is decoded; drop --decode")
 
@@ -199,6 +218,28 @@ def simulator_metrics(
         out["error_recall"] = tp / sum(gold) if sum(gold) else None
         out["error_rows"] = sum(gold)
     return out
+
+
+def simulator_verb_accuracy(preds: list[str], rows: list[dict[str, Any]]) -> SimulatorAccuracy:
+    """Exact predictions per verb of the action each row's prompt asks about (exact as in `simulator_metrics`)."""
+    return SimulatorAccuracy.from_pairs(
+        (simulator_prompt_action(r["prompt"]), normalize(p) == normalize(r["completion"])) for p, r in zip(preds, rows)
+    )
+
+
+def write_verb_accuracy(cfg: EvalModelConfig, outputs: dict[str, Any], rows: list[dict[str, Any]]) -> list[Path]:
+    """The adapter's (else the base model's) per-verb accuracy as out/simulator_accuracy.json, and with
+    --write_adapter_accuracy in the adapter's folder too; returns the files written."""
+    variant = "adapter" if "adapter" in outputs else "base"
+    if cfg.write_adapter_accuracy and variant != "adapter":
+        raise ValueError(
+            f"write_adapter_accuracy: {cfg.predictions or 'the run'} has no adapter outputs; drop the flag"
+        )
+    table = simulator_verb_accuracy(outputs[variant][0], rows)
+    written = [table.write(cfg.out_dir() / ACCURACY_FILE)]
+    if cfg.write_adapter_accuracy:
+        written.append(table.write(Path(cfg.adapter) / ACCURACY_FILE))
+    return written
 
 
 # ---------------------------------------------------------------------------------------------
@@ -531,6 +572,9 @@ def evaluate(cfg: EvalModelConfig) -> dict[str, Any]:
         results[variant] = metrics
     out = cfg.out_dir()
     report = {"config": asdict(cfg), **facts, "results": results}
+    if cfg.role == "simulator":
+        report["by_verb"] = {v: simulator_verb_accuracy(preds, rows).to_dict() for v, (preds, _, _) in outputs.items()}
+        report["accuracy_files"] = [str(p) for p in write_verb_accuracy(cfg, outputs, rows)]
     write_json(out / "metrics.json", report)
     write_text(out / "metrics.md", _table(results, cfg))
     write_jsonl(
