@@ -8,6 +8,7 @@ import json
 import pytest
 
 from simplan.envs.toy import ToyEnv
+from simplan.inference.engine import GenerationRequest, ScoreRequest
 from simplan.inference.metrics import aggregate, load_run, prompt_account, records_from_traces
 from simplan.inference.planner import Planner, PlannerConfig
 from simplan.inference.report import write_report
@@ -107,16 +108,17 @@ def test_report_table_and_metrics_json(tmp_path) -> None:
     assert {a["arm"] for a in only["families"]} == {"reactive", "simplan"}
 
 
-def metered_prompt_tokens(engine: ScriptedEngine) -> int:
-    """What MeteredEngine counts as prompt tokens for the scripted engine's requests (scored candidates included)."""
+def metered_prompt_tokens(requests: list[GenerationRequest | ScoreRequest]) -> int:
+    """What MeteredEngine counts as prompt tokens of ScriptedEngine requests (words; scored candidates included)."""
 
     def words(text: str) -> int:
         return max(1, len(text.split()))
 
     total = 0
-    for r in engine.requests():
+    for r in requests:
         total += words(last_user_content(r.messages, r.prompt))
-        total += sum(words(c) for c in getattr(r, "candidates", []))
+        if isinstance(r, ScoreRequest):
+            total += sum(words(c) for c in r.candidates)
     return total
 
 
@@ -133,7 +135,7 @@ def test_reactive_toy_run_counts_every_decider_prompt(tmp_path) -> None:
     decisions = len(engine.requests())  # reactive: one decider call (scoring the valid actions) per real step
     assert decisions == m.decisions == m.real_steps == result.summary.steps
     assert m.imagined_steps == 0 and m.unsplit_decisions == 0
-    assert m.prompt_per_decision == pytest.approx(metered_prompt_tokens(engine) / decisions)
+    assert m.prompt_per_decision == pytest.approx(metered_prompt_tokens(engine.requests()) / decisions)
     assert m.prefilled_per_decision == m.prompt_per_decision  # the scripted engine reuses nothing
     assert m.prompt_cache_share == 0.0
 
