@@ -47,7 +47,7 @@ class GenerationRequest:
     top_p: float = 1.0
     max_tokens: int = 64
     stop: list[str] = field(default_factory=list)
-    logprobs: bool = False  # fill Completion.logprob (sum of sampled tokens' logprobs)
+    logprobs: bool = False  # fill Completion.logprob (sum of sampled tokens' logprobs) and min_logprob
     choices: list[str] | None = None
     regex: str | None = None
     json_schema: dict[str, Any] | None = None
@@ -71,8 +71,17 @@ class Completion:
     text: str
     num_tokens: int
     finish_reason: str = "stop"  # "stop" | "length"
-    logprob: float | None = None
+    logprob: float | None = None  # sum of the sampled tokens' logprobs (when requested and the backend can)
     token_ids: list[int] | None = None  # generated token ids, where the backend exposes them
+    min_logprob: float | None = None  # the least likely sampled token's logprob, where the backend exposes it
+
+    @property
+    def mean_logprob(self) -> float | None:
+        """Mean token logprob of the text: the model's confidence in it, comparable across lengths (the
+        planner's per-prediction simulator confidence); None where the backend gave no logprob."""
+        if self.logprob is None or self.num_tokens <= 0:
+            return None
+        return self.logprob / self.num_tokens
 
 
 @dataclass
@@ -223,8 +232,10 @@ def checked_generation(
         for c in res.completions:
             if not isinstance(c.text, str):
                 raise _broken(engine, req.tag, f"a completion text of type {type(c.text).__name__}, not str")
-            if c.logprob is not None and _bad_logprob(c.logprob):
-                raise _broken(engine, req.tag, f"a completion logprob of {c.logprob!r}")
+            for name in ("logprob", "min_logprob"):
+                value = getattr(c, name)
+                if value is not None and _bad_logprob(value):
+                    raise _broken(engine, req.tag, f"a completion {name} of {value!r}")
             completions.append(dataclasses.replace(c, text=sanitize_text(c.text, max_chars)))
         out.append(dataclasses.replace(res, completions=completions))
     return out

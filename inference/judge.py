@@ -22,6 +22,13 @@ to its first predicted failure after the first action: the planner never commits
     length      per scored step (a small cost that prefers shorter plans at equal merit)
     likelihood  the decider's probability of the first action (0..1)
 
+Simulator confidence (`confidence`, weight `JudgeWeights.confidence`, 0 by default): the parts a predicted
+observation decides (error, progress, and premature when judged from the prediction) shrink toward 0 as
+the simulator's confidence in it falls: they are multiplied by 1 - w * (1 - exp(mean token logprob)), the
+geometric mean probability of the prediction's tokens. A confident prediction counts fully; an unsure one
+counts (1 - w) at the least. A step without a confidence (not simulated, the env oracle, a backend without
+logprobs) counts fully.
+
 Failure classes (`Judge.failure_class`, envs/base.py EnvDefaults): a failed observation is transient
 (`transient_patterns`: retry the same call), replan (`replan_patterns`: the world changed under the plan)
 or permanent (anything else).
@@ -29,6 +36,7 @@ or permanent (anything else).
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -108,6 +116,7 @@ class JudgeWeights:
     likelihood: float = 0.5
     premature: float = -2.0
     discount: float = 0.9  # later imagined steps count less (their predictions are less reliable)
+    confidence: float = 0.0  # 0..1: how far an unsure prediction's outcome parts shrink toward 0 (module docstring)
 
 
 @dataclass
@@ -129,6 +138,14 @@ def is_finish(action_key: str) -> bool:
 
 def _norm(text: str) -> str:
     return " ".join((text or "").lower().split())
+
+
+def trust(mean_logprob: float | None, weight: float) -> float:
+    """The factor of a predicted outcome's parts: 1 - weight * (1 - geometric mean token probability); 1 when
+    the confidence is unknown or the weight is 0."""
+    if mean_logprob is None or weight <= 0.0:
+        return 1.0
+    return 1.0 - weight * (1.0 - math.exp(min(0.0, mean_logprob)))
 
 
 class Judge:
@@ -176,12 +193,14 @@ class Judge:
         memory: JudgeMemory,
         probability: float | None = None,
         finish_verdict: bool | None = None,
+        confidence: Sequence[float | None] | None = None,
     ) -> tuple[dict[str, float], float]:
         """(weighted parts, total) of one rollout: action keys and the predicted observation after each.
 
         `predicted[i]` is None when step i was not simulated (reactive or adaptive-horizon choices).
         `finish_verdict`: whether the goal is met in the real state (the env's `accepts()`), the verdict on
-        a finish as the first action; None: from the prediction.
+        a finish as the first action; None: from the prediction. `confidence[i]`: the simulator's mean token
+        logprob of `predicted[i]` (None: unknown), weighed by `JudgeWeights.confidence`.
         """
         w = self.w
         error = progress = repeat = failed = premature = 0.0
@@ -190,14 +209,17 @@ class Judge:
         for depth, key in enumerate(action_keys):
             d = w.discount**depth
             obs = predicted[depth] if depth < len(predicted) else None
+            conf = confidence[depth] if confidence is not None and depth < len(confidence) else None
+            t = trust(conf, w.confidence)  # how much this step's predicted outcome counts
             if depth > 0 and obs is not None and self.is_error(obs):
                 break  # an imagined follow-up that fails is cut, not held against the first action
             steps += 1
             if key in memory.failed_actions and memory.failure_classes.get(key) != "transient":
                 failed += d
             if is_finish(key):
-                met = finish_verdict if depth == 0 and finish_verdict is not None else self.goal_met(obs)
-                premature += d if met is False else 0.0
+                real = depth == 0 and finish_verdict is not None
+                met = finish_verdict if real else self.goal_met(obs)
+                premature += (d if real else d * t) if met is False else 0.0
             # A repeat is the same action with the same outcome (walking on down a corridor is not one).
             pair = (key, _norm(obs) if obs is not None else None)
             if pair in seen_in_rollout or (obs is not None and pair in memory.seen_pairs):
@@ -206,10 +228,10 @@ class Judge:
             if obs is None:
                 continue
             if self.is_error(obs):
-                error += d
+                error += d * t
                 break  # the rollout's remaining steps are conditioned on a failure
             if mentions_progress(obs, self.progress_re):
-                progress += d
+                progress += d * t
         parts = {
             "error": w.error * error,
             "progress": w.progress * progress,

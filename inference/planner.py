@@ -15,7 +15,10 @@ From the command line: `simplan run --env toy --task corridor-100 --arm simplan 
    to the valid actions or to the tool-call syntax). Each candidate is rolled out H steps: the
    simulator predicts the next observation and the decider picks the next action. All K
    candidates of a depth go in ONE engine call per role. Predictions are cached by
-   (state, action).
+   (state, action), each with the simulator's confidence (mean token logprob). The router
+   (planner_config.Router) sets the depth: 0 when the decider is confident (adaptive), or with
+   `router: selective` wherever the simulator is unreliable on the top candidate's verb and the
+   decider is sure (inference/sim_accuracy.py): the top action is then taken with no simulator call.
 2. Judge: inference/judge.py scores each rollout with explicit parts; all are logged.
 3. Commit: the best rollout's actions are queued with their expectations (predicted observations),
    cut before the first predicted error.
@@ -98,9 +101,10 @@ from simplan.inference.pivots import (
     default_rules,
     similarity,
 )
-from simplan.inference.planner_config import Budgets, PlannerConfig, Router
+from simplan.inference.planner_config import Budgets, PlannerConfig, Router, load_simulator_accuracy
 from simplan.inference.prompt_fit import PromptFitter, approx_token_counter, locked
 from simplan.inference.prompts import PlannerPrompts
+from simplan.inference.sim_accuracy import action_verb
 from simplan.inference.trace import (
     ActEvent,
     CandidateRecord,
@@ -161,6 +165,7 @@ class Rollout:
     probability: float | None = None
     logprob: float | None = None
     alive: bool = True
+    confidence: list[float | None] = field(default_factory=list)  # simulator's mean token logprob per prediction
 
 
 @dataclass
@@ -275,8 +280,11 @@ class Planner:
                 error_patterns=self.judge.error_re,
             )
         self.rules = rules
-        self.router = Router(config)
-        self.cache: dict[tuple[str, str], str] = {}  # (state key, action key) -> predicted observation
+        # router selective reads the simulator's per-verb accuracy (its adapter's simulator_accuracy.json).
+        adapter_dirs = dict(getattr(engine, "adapter_dirs", None) or {})  # set by make_engine (engines/__init__.py)
+        self.router = Router(config, load_simulator_accuracy(config, adapter_dirs) if simulates else None)
+        # (state key, action key) -> (predicted observation, the simulator's mean token logprob of it)
+        self.cache: dict[tuple[str, str], tuple[str, float | None]] = {}
         self._can_score = True
         self._unsupported: set[str] = set()  # constrained-decoding kinds the backend refused
         # simulator "env": the real env, replayed on copies, answers imagination (inference/oracle.py); one
@@ -694,7 +702,9 @@ class Planner:
         root = self._prompt_state(ep, [], ep.obs.text, allowed)
         proposals, margin, how, fallback = self._propose(ep, root, allowed, b.k)
         steps_left = b.max_steps - ep.steps
-        horizon, reason = self.router.horizon(b, margin, steps_left, ep.degraded)
+        verb = action_verb(render_action(proposals[0].action)) if proposals else ""
+        route = self.router.route(b, margin, steps_left, ep.degraded, verb)
+        horizon, reason = route.horizon, route.reason
         if fallback:
             horizon, reason = 0, "fallback: the decider gave no usable action"
         rollouts = [Rollout([p.action], [], p.probability, p.logprob) for p in proposals]
@@ -703,13 +713,16 @@ class Planner:
         records = []
         for i, r in enumerate(rollouts):
             keys = [a.key() for a in r.actions]
-            parts, total = self.judge.score(keys, r.predicted, ep.memory, r.probability, finish_verdict=verdict)
+            parts, total = self.judge.score(
+                keys, r.predicted, ep.memory, r.probability, finish_verdict=verdict, confidence=r.confidence
+            )
             records.append(
                 CandidateRecord(
                     index=i,
                     actions=[render_action(a) for a in r.actions],
                     predicted=[p if p is not None else "" for p in r.predicted],
                     logprob=r.logprob,
+                    confidence=[None if c is None else round(c, 6) for c in r.confidence],
                     parts=parts,
                     total=total,
                 )
@@ -730,6 +743,10 @@ class Planner:
                 cache_hits=hits,
                 simulator=self.config.simulator or "model",
                 seconds=round(time.perf_counter() - t0, 6),
+                margin=None if margin is None else round(margin, 6),
+                route=route.route if not fallback else "",
+                route_verb=route.verb,
+                route_accuracy=route.accuracy,
             ),
             step=ep.steps,
         )
@@ -889,7 +906,9 @@ class Planner:
                 state = self._imagined_state(ep, r, allowed if depth == 0 else imagined_valid)
                 ckey = self._cache_key(state, r.actions[-1])
                 if cfg.sim_cache and ckey in self.cache:
-                    r.predicted.append(self.cache[ckey])
+                    text, confidence = self.cache[ckey]
+                    r.predicted.append(text)
+                    r.confidence.append(confidence)
                     hits += 1
                     continue
                 pending.append((r, ckey))
@@ -898,20 +917,24 @@ class Planner:
                         adapter=self.simulator,
                         messages=self.prompts.simulator(state, r.actions[-1]),
                         max_tokens=cfg.simulator_max_tokens,
+                        logprobs=True,  # the prediction's confidence (mean token logprob), weighed by the judge
                         tag="simulate",
                     )
                 )
             if requests:
                 for (r, ckey), res in zip(pending, self._generate(ep, requests)):
                     text = res.completions[0].text.strip() if res.completions else ""
+                    confidence = res.completions[0].mean_logprob if res.completions else None
                     if not text:
                         self._parse_failure(ep, "simulator", text, "empty prediction", "dropped")
                         r.predicted.append(None)
+                        r.confidence.append(None)
                         r.alive = False
                         continue
                     r.predicted.append(text)
+                    r.confidence.append(confidence)
                     if cfg.sim_cache:
-                        self.cache[ckey] = text
+                        self.cache[ckey] = (text, confidence)
             for r in alive:
                 if r.predicted[-1] is not None and self.judge.is_error(r.predicted[-1]):
                     r.alive = False  # the rollout ends at a predicted failure
@@ -958,10 +981,12 @@ class Planner:
             except OracleError as e:
                 self._parse_failure(ep, "simulator", "", str(e), "dropped")
                 r.predicted.append(None)
+                r.confidence.append(None)
                 r.alive = False
                 continue
             hits += self.oracle.stats.hits - before
             r.predicted.append(text)
+            r.confidence.append(None)  # the env's own answer: no model confidence to weigh
         return hits
 
     def _imagined_state(

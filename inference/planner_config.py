@@ -2,6 +2,10 @@
 
     config = PlannerConfig(arm="simplan", k=4, horizon=3)      # None fields come from the arm preset
     budgets = Router(config).budgets(task)                      # family_budgets applied for task.family
+    route = Router(config, table).route(budgets, margin, steps_left, degraded="", verb="take")
+
+`router: selective` simulates a decision only where it can pay (the simulator's measured accuracy on
+the top candidate's verb, inference/sim_accuracy.py, or an uncertain decider) and acts reactively elsewhere.
 
 Every field has a default and a help string, so `simplan run` / `simplan eval` parse them from YAML
 recipes and flags; `__post_init__` fills the arm preset (inference/arms.py) and rejects bad values
@@ -11,6 +15,7 @@ naming the field.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from simplan.data.episode import FORMATS, PromptSettings
 from simplan.data.format import DEFAULT_MAX_FAILURES, DEFAULT_MAX_HISTORY
@@ -18,12 +23,15 @@ from simplan.envs.base import Task
 from simplan.inference.arms import ARMS, arm_preset
 from simplan.inference.judge import JudgeWeights, compile_patterns
 from simplan.inference.pivots import SIMILARITIES
+from simplan.inference.sim_accuracy import ACCURACY_FILE, SimulatorAccuracy
 
 DEFAULT_BUDGET = PromptSettings().budget
 PROPOSE_MODES = ("auto", "score", "sample")
 ON_REPLAN_BUDGET = ("react", "stop")
 IMAGINED_ACTIONS = ("seen", "free")
 SIMULATORS = ("model", "env")
+ROUTERS = ("always", "selective")
+ROUTER_RULES = ("either", "both")
 
 
 def _help(text: str) -> dict[str, str]:
@@ -42,7 +50,39 @@ class PlannerConfig:
         default=None, metadata=_help("skip simulation when the decider is confident (arm preset)")
     )
     confident_margin: float = field(
-        default=0.6, metadata=_help("adaptive: top-1 minus top-2 probability at which simulation is skipped")
+        default=0.6,
+        metadata=_help(
+            "adaptive / router selective: top-1 minus top-2 probability at which the decider counts as confident"
+        ),
+    )
+    router: str = field(
+        default="always",
+        metadata=_help(
+            "always: simulate every decision the horizon allows (adaptive may skip confident ones); selective: "
+            "simulate only where router_rule says it can pay, act reactively elsewhere (replaces adaptive)"
+        ),
+    )
+    router_rule: str = field(
+        default="either",
+        metadata=_help(
+            "selective: either (simulate where the simulator is reliable on the top candidate's verb, see "
+            "router_accuracy, or where the decider is unsure, margin below confident_margin) or both (and)"
+        ),
+    )
+    router_accuracy: float = field(
+        default=0.5,
+        metadata=_help("selective: exact-match accuracy on a verb at which the simulator counts as reliable"),
+    )
+    router_min_rows: int = field(
+        default=10,
+        metadata=_help("selective: predictions a verb needs for its own accuracy; fewer: the overall accuracy"),
+    )
+    simulator_accuracy: str = field(
+        default="",
+        metadata=_help(
+            f"selective: the per-verb accuracy table ({ACCURACY_FILE}, `simplan eval-model --role simulator`); "
+            "'' = the one in the simulator adapter's folder"
+        ),
     )
     propose: str = field(
         default="auto",
@@ -121,6 +161,13 @@ class PlannerConfig:
     )
     w_length: float = field(default=-0.05, metadata=_help("judge weight: per imagined step"))
     w_likelihood: float = field(default=0.5, metadata=_help("judge weight: decider probability of the 1st action"))
+    w_confidence: float = field(
+        default=0.0,
+        metadata=_help(
+            "judge: 0..1, how far a predicted outcome's parts shrink toward 0 as the simulator's confidence in "
+            "it (geometric mean token probability) falls; 0 = predictions count whatever their confidence"
+        ),
+    )
     discount: float = field(default=0.9, metadata=_help("judge: weight of imagined step i is discount**i"))
     judge_threshold: float = field(
         default=-1.0, metadata=_help("below this total only the plan's first action is committed")
@@ -181,6 +228,9 @@ class PlannerConfig:
             ("warning_threshold", self.warning_threshold >= 1, ">= 1"),
             ("max_transient_retries", self.max_transient_retries >= 0, ">= 0"),
             ("discount", 0.0 < self.discount <= 1.0, "in (0, 1]"),
+            ("w_confidence", 0.0 <= self.w_confidence <= 1.0, "in [0, 1]"),
+            ("router_accuracy", 0.0 <= self.router_accuracy <= 1.0, "in [0, 1]"),
+            ("router_min_rows", self.router_min_rows >= 1, ">= 1"),
             ("cache_history", self.cache_history >= 0, ">= 0"),
             ("max_failures", self.max_failures is None or self.max_failures >= 0, ">= 0"),
         ]
@@ -192,6 +242,8 @@ class PlannerConfig:
             ("similarity", SIMILARITIES),
             ("imagined_actions", IMAGINED_ACTIONS),
             ("simulator", SIMULATORS),
+            ("router", ROUTERS),
+            ("router_rule", ROUTER_RULES),
         ]
         for name, allowed in choices:
             if getattr(self, name) not in allowed:
@@ -215,6 +267,7 @@ class PlannerConfig:
             likelihood=self.w_likelihood,
             premature=self.w_premature,
             discount=self.discount,
+            confidence=self.w_confidence,
         )
 
 
@@ -231,11 +284,51 @@ class Budgets:
     max_seconds: float = 0.0  # wall-clock seconds of the episode; 0 = no limit
 
 
-class Router:
-    """Decides how much planning a task deserves: budgets per task family, horizon per decision."""
+@dataclass
+class Route:
+    """The router's answer for one decision: how deep to simulate, and the evidence."""
 
-    def __init__(self, config: PlannerConfig) -> None:
+    horizon: int
+    reason: str = ""  # why this horizon ('' when it is simply the budget's)
+    route: str = ""  # router selective: "simulate" or "react"; "" where it was not asked
+    verb: str = ""  # selective: the verb of the decider's top candidate
+    accuracy: float | None = None  # selective: the simulator's measured accuracy on that verb
+
+
+def load_simulator_accuracy(config: PlannerConfig, adapter_dirs: dict[str, str]) -> SimulatorAccuracy | None:
+    """The selective router's per-verb accuracy table: `config.simulator_accuracy`, else the simulator
+    adapter's own (`adapter_dirs`: adapter name -> folder, as engines expose them). None when the router
+    does not need one (router always, or the env oracle as simulator, which is exact by construction).
+
+    Raises ValueError naming the field and the command that writes the table when there is none."""
+    if config.router != "selective" or config.simulator == "env":
+        return None
+    if config.simulator_accuracy:
+        path = Path(config.simulator_accuracy)
+    else:
+        folder = adapter_dirs.get(config.simulator_adapter or "")
+        path = Path(folder) / ACCURACY_FILE if folder else None
+    if path is None or not path.is_file():
+        where = f"{path} does not exist" if path is not None else "the simulator has no adapter folder"
+        raise ValueError(
+            f"PlannerConfig.simulator_accuracy: router selective needs the simulator's per-verb accuracy and {where}; "
+            "write it with `simplan eval-model --role simulator --adapter DIR --write_adapter_accuracy true`, or "
+            f"give --simulator_accuracy PATH/{ACCURACY_FILE}"
+        )
+    table = SimulatorAccuracy.read(path)
+    if not table.overall.n:
+        raise ValueError(f"PlannerConfig.simulator_accuracy: {path} holds no predictions; evaluate on a fold's rows")
+    return table
+
+
+class Router:
+    """Decides how much planning a task deserves: budgets per task family, horizon per decision.
+
+    `accuracy`: the simulator's per-verb accuracy (router selective with a learned simulator)."""
+
+    def __init__(self, config: PlannerConfig, accuracy: SimulatorAccuracy | None = None) -> None:
         self.config = config
+        self.accuracy = accuracy
 
     def budgets(self, task: Task) -> Budgets:
         c = self.config
@@ -251,13 +344,42 @@ class Router:
             setattr(b, key, int(value))
         return b
 
-    def horizon(self, budgets: Budgets, margin: float | None, steps_left: int, degraded: str) -> tuple[int, str]:
-        """(horizon for this decision, why it differs from the budget's horizon or ''); `degraded`: why
-        the episode acts without simulation from now on, '' when it does not."""
+    def route(self, budgets: Budgets, margin: float | None, steps_left: int, degraded: str, verb: str = "") -> Route:
+        """The horizon of this decision; `degraded`: why the episode acts without simulation from now on ('' when
+        it does not); `verb`: of the decider's top candidate (action_verb), for the selective router."""
         if budgets.horizon == 0:
-            return 0, ""
+            return Route(0)
         if degraded:
-            return 0, f"{degraded}: acting without simulation"
-        if self.config.adaptive and margin is not None and margin >= self.config.confident_margin:
-            return 0, f"decider confident (margin {margin:.2f} >= {self.config.confident_margin}): no simulation"
-        return max(0, min(budgets.horizon, steps_left)), ""
+            return Route(0, f"{degraded}: acting without simulation")
+        full = max(0, min(budgets.horizon, steps_left))
+        c = self.config
+        if c.router == "selective":
+            return self._selective(full, margin, verb)
+        if c.adaptive and margin is not None and margin >= c.confident_margin:
+            return Route(0, f"decider confident (margin {margin:.2f} >= {c.confident_margin}): no simulation")
+        return Route(full)
+
+    def _selective(self, horizon: int, margin: float | None, verb: str) -> Route:
+        """Simulate where the simulator is reliable on the verb and/or (router_rule) the decider is unsure.
+
+        A reliable simulator can catch a confident mistake (lost episodes mostly end on one wrong irreversible
+        action); an unsure decider is where imagination can change the choice. An unknown margin (one sampled
+        candidate) counts as unsure, as the adaptive rule never skips on it."""
+        c = self.config
+        if c.simulator == "env":
+            accuracy, evidence = 1.0, "env oracle: exact"
+        elif self.accuracy is None:
+            raise ValueError("Router: router selective needs the simulator's accuracy table (simulator_accuracy)")
+        else:
+            accuracy, evidence = self.accuracy.accuracy(verb, c.router_min_rows)
+        reliable = accuracy is not None and accuracy >= c.router_accuracy
+        unsure = margin is None or margin < c.confident_margin
+        simulate = (reliable or unsure) if c.router_rule == "either" else (reliable and unsure)
+        shown = "unknown" if margin is None else f"{margin:.2f}"
+        why = (
+            f"router: simulator {'reliable' if reliable else 'unreliable'} ({evidence}; {c.router_accuracy} needed), "
+            f"decider {'unsure' if unsure else 'confident'} (margin {shown}; {c.confident_margin} confident)"
+        )
+        if simulate:
+            return Route(horizon, why + ": simulating", "simulate", verb, accuracy)
+        return Route(0, why + ": acting reactively", "react", verb, accuracy)

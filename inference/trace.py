@@ -8,8 +8,9 @@ repeated run); `read_traces` reads ONE run per episode (`episode_runs`), never a
 
     type           what it records
     start          header: env, task, arm, resolved config, budgets, goal, first observation
-    imagine        the K candidates with their imagined rollouts (actions, predicted observations,
-                   score parts and total), the engine calls/tokens/seconds it cost, cache hits
+    imagine        the K candidates with their imagined rollouts (actions, predicted observations and the
+                   simulator's confidence in each, score parts and total), the engine calls/tokens/seconds
+                   it cost, cache hits, the decider's margin and the router's route (simulate / react)
     commit         the plan queue: actions with their expectations (predicted observations)
     act            one real step: action, real observation, expectation, match score, error flag,
                    reward, score, source (plan / reactive / fallback), model calls and tokens spent
@@ -95,6 +96,7 @@ class CandidateRecord:
     actions: list[str] = field(default_factory=list)  # rendered actions, first = the candidate
     predicted: list[str] = field(default_factory=list)  # predicted observation after each action
     logprob: float | None = None  # decider log-likelihood of the first action (when known)
+    confidence: list[float | None] = field(default_factory=list)  # simulator's mean token logprob per prediction
     parts: dict[str, float] = field(default_factory=dict)  # weighted score parts
     total: float = 0.0
     chosen: bool = False
@@ -114,6 +116,10 @@ class ImagineEvent(TraceEvent):
     cache_hits: int = 0
     seconds: float = 0.0
     simulator: str = "model"  # who predicted the observations: model (an engine call) or env (inference/oracle.py)
+    margin: float | None = None  # decider's top-1 minus top-2 probability (None: unknown, e.g. one sample)
+    route: str = ""  # router selective: simulate | react ("" where it was not asked: router always, horizon 0)
+    route_verb: str = ""  # selective: the verb of the decider's top candidate
+    route_accuracy: float | None = None  # selective: the simulator's measured accuracy on that verb
 
 
 @dataclass
@@ -416,6 +422,11 @@ class EpisodeSummary:
     reactive_actions: int = 0
     fallback_actions: int = 0
     candidates_imagined: int = 0
+    simulated_decisions: int = 0  # decisions (imagine events) that simulated (horizon > 0)
+    reactive_decisions: int = 0  # decisions that did not
+    routed_reactive: int = 0  # of those, the selective router's choice (route "react")
+    simulated_tokens: int = 0  # model tokens (prompt + completion) of the simulated decisions
+    reactive_tokens: int = 0  # and of the reactive ones
     model_calls: int = 0
     prompt_tokens: int = 0
     cached_prompt_tokens: int = 0  # of prompt_tokens, reused by the engine (prefilled = prompt - cached)
@@ -474,6 +485,13 @@ def summarize(trace: EpisodeTrace) -> EpisodeSummary:
     sources = Counter(a.source for a in acts)
     s.plan_actions, s.reactive_actions, s.fallback_actions = sources["plan"], sources["reactive"], sources["fallback"]
     s.candidates_imagined = sum(len(e.candidates) for e in imagines)
+    for e in imagines:
+        tokens = e.prompt_tokens + e.completion_tokens
+        if e.horizon > 0:
+            s.simulated_decisions, s.simulated_tokens = s.simulated_decisions + 1, s.simulated_tokens + tokens
+        else:
+            s.reactive_decisions, s.reactive_tokens = s.reactive_decisions + 1, s.reactive_tokens + tokens
+    s.routed_reactive = sum(e.route == "react" for e in imagines)
     predicted = [a for a in acts if a.expectation is not None]
     s.sim_predictions = len(predicted)
     s.sim_exact = sum(normalize_text(a.expectation) == normalize_text(a.observation) for a in predicted)

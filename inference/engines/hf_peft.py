@@ -313,12 +313,18 @@ class HFPeftEngine:
                 row = i * r.n + j
                 tokens, reason = self._cut(new[row], r.stop)
                 text = truncate_at_stop(self.tokenizer.decode(tokens, skip_special_tokens=True), r.stop)[0]
-                lp = None
+                lp = low = None
                 if logps is not None:
-                    lp = float(sum(logps[row, s, tok] for s, tok in enumerate(tokens)))
+                    values = [float(logps[row, s, tok]) for s, tok in enumerate(tokens)]
+                    lp, low = float(sum(values)), (min(values) if values else None)
                 comps.append(
                     Completion(
-                        text=text, num_tokens=len(tokens), finish_reason=reason, logprob=lp, token_ids=list(tokens)
+                        text=text,
+                        num_tokens=len(tokens),
+                        finish_reason=reason,
+                        logprob=lp,
+                        token_ids=list(tokens),
+                        min_logprob=low,
                     )
                 )
             results.append(GenerationResult(comps, len(prompts[i]), sum(c.num_tokens for c in comps), 0.0, reused[i]))

@@ -137,9 +137,10 @@ class VLLMEngine:
         for r, out in zip(requests, outputs):
             comps = []
             for o in out.outputs:
-                lp = None
+                lp = low = None
                 if r.logprobs and o.logprobs is not None:
-                    lp = float(sum(step[tok].logprob for step, tok in zip(o.logprobs, o.token_ids)))
+                    values = [float(step[tok].logprob) for step, tok in zip(o.logprobs, o.token_ids)]
+                    lp, low = float(sum(values)), (min(values) if values else None)
                 reason = "length" if o.finish_reason == "length" else "stop"
                 comps.append(
                     Completion(
@@ -148,6 +149,7 @@ class VLLMEngine:
                         finish_reason=reason,
                         logprob=lp,
                         token_ids=list(o.token_ids),
+                        min_logprob=low,
                     )
                 )
             prompt_len, cached = len(out.prompt_token_ids or []), out.num_cached_tokens or 0  # prefix-cache hits
