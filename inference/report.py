@@ -217,8 +217,8 @@ def prompt_steps_table(runs: list[RunData]) -> Table:
         "Totals over the arm's episodes; prefilled = prompt - tokens the engine reused from its prefix cache; "
         "scored candidates count as prompt tokens. A decision is a decider call from the real state (followed by "
         "a real action); an imagined step is one prediction in a rollout, its simulator call and the decider call "
-        "after it. The trace sums a decision's tokens with its rollouts', so the per-decision and per-imagined-step "
-        "columns show '-' for an arm with decisions that imagined (their count in brackets).",
+        "after it. Where a trace does not split a decision's tokens from its rollouts', the per-decision and "
+        "per-imagined-step columns show '-' (the count of such decisions in brackets).",
     )
 
 
