@@ -23,6 +23,8 @@ deduplicated by id (the first finished trace wins). Definitions:
     wall_per_success    all wall seconds / successes (None without a success)
     losses              lost episodes per loss class (inference/losses.py), classes with none left out
     sim_accuracy        sum exact predictions / sum predictions, over real steps that had one
+    simulated/reactive_decisions, routed_reactive, simulated/reactive_tokens  sums of the episodes'
+                        (trace.EpisodeSummary): decisions with and without simulation, and their tokens
 
 Prompt tokens per step (`PromptAccount`, from the imagine events; prefilled = prompt - cached, the tokens
 the engine computed rather than reused from its prefix cache; scored candidates count as prompt tokens):
@@ -183,6 +185,11 @@ class GroupMetrics:
     sim_predictions: int = 0
     sim_exact: int = 0
     sim_accuracy: float | None = None
+    simulated_decisions: int = 0
+    reactive_decisions: int = 0
+    routed_reactive: int = 0  # reactive by the selective router's choice (PlannerConfig.router)
+    simulated_tokens: int = 0
+    reactive_tokens: int = 0
     losses: dict[str, int] = field(default_factory=dict)  # loss class -> lost episodes
     real_steps: int = 0
     decisions: int = 0
@@ -249,6 +256,9 @@ def group_metrics(arm: str, family: str, records: list[EpisodeRecord]) -> GroupM
     m.sim_predictions = sum(s.sim_predictions for s in ss)
     m.sim_exact = sum(s.sim_exact for s in ss)
     m.sim_accuracy = m.sim_exact / m.sim_predictions if m.sim_predictions else None
+    routes = ("simulated_decisions", "reactive_decisions", "routed_reactive", "simulated_tokens", "reactive_tokens")
+    for name in routes:
+        setattr(m, name, sum(getattr(s, name) for s in ss))
     lost = Counter(r.loss.label for r in records if r.loss is not None)
     m.losses = {label: lost[label] for label in LOSS_CLASSES if lost[label]}
     prompt_step_metrics(m, records)

@@ -18,6 +18,7 @@ from simplan.data.format import CONVERSATION_SIMULATOR_SYSTEM, PromptState, simu
 from simplan.envs.toy import ToyEnv
 from simplan.inference.engine import Completion, GenerationRequest, GenerationResult
 from simplan.inference.judge import Judge, JudgeMemory, JudgeWeights, trust
+from simplan.inference.metrics import episode_record, group_metrics
 from simplan.inference.planner import Planner, PlannerConfig
 from simplan.inference.planner_config import Budgets, Router
 from simplan.inference.scripted import ScriptedEngine, ToyOracle
@@ -64,6 +65,12 @@ def test_router_acts_reactively_where_the_simulator_is_unreliable_and_the_decide
     s = result.summary
     assert s.success and s.routed_reactive == s.reactive_decisions == len(imagines) and s.simulated_decisions == 0
     assert s.reactive_tokens == sum(e.prompt_tokens + e.completion_tokens for e in imagines) > 0
+    group = group_metrics("simplan", "", [episode_record(result.trace)] * 2)  # a report's per-arm sums
+    assert (group.routed_reactive, group.reactive_tokens, group.simulated_decisions) == (
+        2 * s.routed_reactive,
+        2 * s.reactive_tokens,
+        0,
+    )
 
 
 def test_router_simulates_where_the_simulator_is_reliable(tmp_path):
