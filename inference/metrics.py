@@ -36,10 +36,10 @@ the engine computed rather than reused from its prefix cache; scored candidates 
                         imagination) / imagined steps
     prompt/prefilled_per_real_step      all the episode's prompt tokens / real actions
     prompt_cache_share  cached / prompt tokens, all calls
-An imagine event records the tokens of the decision and of its rollouts as one sum, so the split is
-exact only for decisions that imagined nothing (the reactive arm, skipped simulation); a group with
-any other decision (`unsplit_decisions` > 0) reports the per-decision and per-imagined-step numbers as
-None rather than guess a split.
+An imagine event records the decision's share of its tokens (decision_prompt_tokens); traces written
+before it was recorded split exactly only decisions that imagined nothing (the reactive arm, skipped
+simulation), and a group with any other such decision (`unsplit_decisions` > 0) reports the
+per-decision and per-imagined-step numbers as None rather than guess a split.
 """
 
 from __future__ import annotations
@@ -90,8 +90,12 @@ class PromptAccount:
 
 
 def imagine_account(e: ImagineEvent) -> PromptAccount:
-    """One decision's tokens: all the decision's when nothing was imagined (no rollout made a call)."""
+    """One decision's tokens, split as the event records them; in older traces, all the decision's when nothing
+    was imagined (no rollout made a call), else unsplit."""
     steps = sum(len(c.predicted) for c in e.candidates)
+    if e.decision_prompt_tokens is not None:
+        prompt, cached = e.decision_prompt_tokens, e.decision_cached_prompt_tokens or 0
+        return PromptAccount(1, prompt, cached, steps, e.prompt_tokens - prompt, e.cached_prompt_tokens - cached)
     if steps == 0:  # no prediction: no simulator call, hence no decider call inside a rollout either
         return PromptAccount(1, e.prompt_tokens, e.cached_prompt_tokens)
     return PromptAccount(decisions=1, imagined_steps=steps, unsplit_decisions=1)

@@ -701,6 +701,7 @@ class Planner:
         allowed = self._allowed(ep)
         root = self._prompt_state(ep, [], ep.obs.text, allowed)
         proposals, margin, how, fallback = self._propose(ep, root, allowed, b.k)
+        decision_prompt, decision_cached = ep.meter.prompt_tokens - p0, ep.meter.cached_tokens - cached0
         steps_left = b.max_steps - ep.steps
         verb = action_verb(render_action(proposals[0].action)) if proposals else ""
         route = self.router.route(b, margin, steps_left, ep.degraded, verb)
@@ -739,6 +740,8 @@ class Planner:
                 model_calls=m.calls - calls0,
                 prompt_tokens=m.prompt_tokens - p0,
                 cached_prompt_tokens=m.cached_tokens - cached0,
+                decision_prompt_tokens=decision_prompt,
+                decision_cached_prompt_tokens=decision_cached,
                 completion_tokens=m.completion_tokens - c0,
                 cache_hits=hits,
                 simulator=self.config.simulator or "model",

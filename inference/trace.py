@@ -112,6 +112,10 @@ class ImagineEvent(TraceEvent):
     model_calls: int = 0
     prompt_tokens: int = 0
     cached_prompt_tokens: int = 0  # of prompt_tokens, those the engine reused instead of prefilling
+    # Of prompt_tokens / cached_prompt_tokens, those of the decider calls from the real state (the rest are the
+    # rollouts': simulator, and decider inside imagination); None in traces written before they were recorded.
+    decision_prompt_tokens: int | None = None
+    decision_cached_prompt_tokens: int | None = None
     completion_tokens: int = 0
     cache_hits: int = 0
     seconds: float = 0.0

@@ -140,7 +140,7 @@ def test_reactive_toy_run_counts_every_decider_prompt(tmp_path) -> None:
     assert m.prompt_cache_share == 0.0
 
 
-def test_simplan_toy_run_counts_imagined_steps() -> None:
+def test_simplan_toy_run_splits_decisions_from_imagination() -> None:
     env = ToyEnv()
     task = env.tasks("dev")[3]
     oracle = ToyOracle(task)
@@ -149,8 +149,23 @@ def test_simplan_toy_run_counts_imagined_steps() -> None:
     result = Planner(engine, env, cfg).run(task)
     (m,) = aggregate(records_from_traces([result.trace]))
     imagines = result.trace.of_type("imagine")
-    assert m.decisions == len(imagines) and m.real_steps == result.summary.steps
+    assert m.decisions == len(imagines) and m.real_steps == result.summary.steps and m.unsplit_decisions == 0
     predictions = sum(len(c.predicted) for e in imagines for c in e.candidates)
-    simulated = len(engine.requests("simulate"))
-    assert m.imagined_steps == predictions >= simulated > 0  # cache hits are imagined steps without a call
-    assert m.unsplit_decisions == sum(1 for e in imagines if any(c.predicted for c in e.candidates)) > 0
+    assert m.imagined_steps == predictions >= len(engine.requests("simulate")) > 0  # cache hits: no call
+    # the toy lists its valid actions: decisions score them, rollouts generate (simulator and decider)
+    scored = [r for kind, requests in engine.calls if kind == "score" for r in requests]
+    generated = [r for kind, requests in engine.calls if kind == "generate" for r in requests]
+    assert m.prompt_per_decision == pytest.approx(metered_prompt_tokens(scored) / m.decisions)
+    assert m.prompt_per_imagined_step == pytest.approx(metered_prompt_tokens(generated) / m.imagined_steps)
+    assert m.prefilled_per_imagined_step == m.prompt_per_imagined_step  # the scripted engine reuses nothing
+
+
+def test_recorded_split_of_an_imagining_decision() -> None:
+    e = imagined(500, 300, [["o2", "o3"], ["o2"]])
+    e.decision_prompt_tokens, e.decision_cached_prompt_tokens = 200, 50
+    (m,) = aggregate(records_from_traces([episode("toy/a/simplan/0", "simplan", [e, decided(50, 30)], 3)]))
+    assert (m.decisions, m.imagined_steps, m.unsplit_decisions) == (2, 3, 0)
+    assert m.prompt_per_decision == pytest.approx((200 + 50) / 2)
+    assert m.prefilled_per_decision == pytest.approx((150 + 20) / 2)
+    assert m.prompt_per_imagined_step == pytest.approx(300 / 3)
+    assert m.prefilled_per_imagined_step == pytest.approx((300 - 250) / 3)
