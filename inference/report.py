@@ -194,6 +194,7 @@ def prompt_steps_table(runs: list[RunData]) -> Table:
                     str(m.real_steps),
                     f"{m.decisions}{unsplit}",
                     str(m.imagined_steps),
+                    f"{m.simulated_decisions} / {m.reactive_decisions}",
                     tokens_pair(m.prompt_per_decision, m.prefilled_per_decision),
                     tokens_pair(m.prompt_per_imagined_step, m.prefilled_per_imagined_step),
                     tokens_pair(m.prompt_per_real_step, m.prefilled_per_real_step),
@@ -208,6 +209,7 @@ def prompt_steps_table(runs: list[RunData]) -> Table:
             "real steps",
             "decisions",
             "imagined steps",
+            "decisions simulated / reactive",
             "per decision: prompt / prefilled",
             "per imagined step: prompt / prefilled",
             "per real step, all calls: prompt / prefilled",
@@ -217,8 +219,9 @@ def prompt_steps_table(runs: list[RunData]) -> Table:
         "Totals over the arm's episodes; prefilled = prompt - tokens the engine reused from its prefix cache; "
         "scored candidates count as prompt tokens. A decision is a decider call from the real state (followed by "
         "a real action); an imagined step is one prediction in a rollout, its simulator call and the decider call "
-        "after it. Where a trace does not split a decision's tokens from its rollouts', the per-decision and "
-        "per-imagined-step columns show '-' (the count of such decisions in brackets).",
+        "after it. A decision is reactive when nothing was imagined for it (the reactive arm, a confident decider, "
+        "or the selective router's choice). Where a trace does not split a decision's tokens from its rollouts', "
+        "the per-decision and per-imagined-step columns show '-' (the count of such decisions in brackets).",
     )
 
 
