@@ -43,6 +43,14 @@ run from reset.
   expert path, one random non-expert action is played and recorded after the replayed expert
   prefix (policy ``random``, attempt ``branch{k}``, `meta.branch_step` = index of the new step;
   steps before it repeat the expert path so the record keeps its real history).
+- losing branches (`losing_branches > 0`): what irreversible mistakes lead to. From points of the
+  expert path, listed actions other than the expert's (look-only ones left out) are tried, each
+  after a reset and the replayed expert prefix, until one ends the episode unwon (TWX sorting's
+  wrong item in the box, a wrong answer in arithmetic): that step, with the losing observation, is
+  recorded after the prefix (policy ``random``, attempt ``lose{k}``, source ``noise``,
+  `meta.losing = true`). At most `losing_tries` actions are tried; when none loses, the last one is
+  kept as an ordinary branch (`meta.losing = false`), so every planned record exists and a resumed
+  run does not search again. Envs that list no actions (tool envs) get an ordinary branch.
 
 Steps keep the env's `info`; when an observation brings a new goal (a BFCL user turn, a TWX
 recipe or map the agent has read),
@@ -71,7 +79,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
@@ -117,6 +125,13 @@ class CollectConfig:
     branches: int = field(
         default=0, metadata={"help": "off-path branch transitions per task (simulator coverage), 0 for none"}
     )
+    losing_branches: int = field(
+        default=0,
+        metadata={"help": "branches per task into an action that loses the episode (done, not won), 0 for none"},
+    )
+    losing_tries: int = field(
+        default=30, metadata={"help": "losing branches: actions tried (each from a reset) before giving up"}
+    )
     noise_rate: float = field(default=0.2, metadata={"help": "noisy_expert: chance of a mistake before a plan step"})
     invalid_share: float = field(
         default=0.5, metadata={"help": "noisy_expert: share of mistakes that are invalid actions (rest: wrong valid)"}
@@ -153,10 +168,10 @@ class CollectConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name}: {value} must be at least 1 (or null for all)")
-        for name in ("attempts", "max_steps", "random_steps", "workers"):
+        for name in ("attempts", "max_steps", "random_steps", "workers", "losing_tries"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: {getattr(self, name)} must be at least 1")
-        for name in ("branches", "min_mistakes"):
+        for name in ("branches", "losing_branches", "min_mistakes"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: {getattr(self, name)} must be 0 or more")
         for name in ("noise_rate", "invalid_share"):
@@ -175,7 +190,8 @@ class CollectConfig:
 
 @dataclass(frozen=True)
 class EpisodeSpec:
-    """One episode to collect. `attempt` is a number, or `branch{k}` for a branch transition."""
+    """One episode to collect. `attempt` is a number, `branch{k}` for a branch transition or `lose{k}` for a
+    losing branch."""
 
     task: Task
     policy: str
@@ -239,6 +255,7 @@ def plan_episodes(tasks: list[Task], cfg: CollectConfig) -> list[EpisodeSpec]:
             n = 1 if policy == "expert" else cfg.attempts
             specs += [EpisodeSpec(task, policy, str(a)) for a in range(n)]
         specs += [EpisodeSpec(task, "random", f"branch{k}") for k in range(cfg.branches)]
+        specs += [EpisodeSpec(task, "random", f"lose{k}") for k in range(cfg.losing_branches)]
     return specs
 
 
@@ -454,6 +471,24 @@ class Recorder:
         )
         self.obs, self.last = obs, result
         return result
+
+    def note(self, action: Action, text: str, source: str) -> None:
+        """Record an action that never reached the env (an injected transient fault, inference/faults.py): it
+        failed with `text` and the state is unchanged."""
+        before = self.obs
+        self.steps.append(
+            Step(
+                index=len(self.steps),
+                observation=before.text,
+                action=action,
+                next_observation=text,
+                score=float(self.score),
+                error=True,
+                valid_actions=list(before.valid_actions) if before.valid_actions is not None else None,
+                source=source,
+            )
+        )
+        self.obs = replace(before, text=text, error=True)
 
     def restore(self, keep: int) -> bool:
         """Reset and replay the first `keep` recorded actions; the replayed steps replace the record.
@@ -693,6 +728,40 @@ def run_branch(rec: Recorder, expert: Expert, cfg: CollectConfig, rng: random.Ra
     return [traj]
 
 
+def run_losing_branch(rec: Recorder, expert: Expert, cfg: CollectConfig, rng: random.Random) -> list[Trajectory]:
+    """Branch from the expert path into an action that loses the episode (module docstring)."""
+    plan = expert.path[: cfg.max_steps]
+    listed = []  # the valid actions at each point of the expert path
+    for action in plan:
+        if rec.done:
+            break
+        listed.append(rec.obs.valid_actions)
+        rec.act(action, "expert")
+    tries = [
+        (k, text)
+        for k, valid in enumerate(listed)
+        for text in valid or []
+        if _norm(text) != _norm(plan[k].text) and not is_look_only(Action.command(text))
+    ]
+    rng.shuffle(tries)
+    rec.restore(0)
+    if not tries:  # nothing listed to try (a tool env): an ordinary branch
+        traj = run_branch(rec, expert, cfg, rng)[0]
+        traj.meta["losing"] = False
+        return [traj]
+    for n, (k, text) in enumerate(tries[: cfg.losing_tries], start=1):
+        if n > 1:
+            rec.restore(0)
+        for action in plan[:k]:
+            rec.act(action, "expert")
+        result = rec.act(Action.command(text), "noise")
+        if result.done and not result.won:
+            break
+    traj = rec.finish()
+    traj.meta.update(kind="branch", branch_step=k, losing=bool(result.done and not result.won), tries=n)
+    return [traj]
+
+
 def run_episode(env: Env, spec: EpisodeSpec, cfg: CollectConfig) -> EpisodeOutcome:
     """Collect one episode (plus its split-off branches); an env exception yields an errored record."""
     rng = random.Random(f"{cfg.seed}:{spec.id}")
@@ -705,11 +774,13 @@ def run_episode(env: Env, spec: EpisodeSpec, cfg: CollectConfig) -> EpisodeOutco
     rec: Recorder | None = None
     try:
         rec = Recorder(env, spec, meta)
-        plain_expert = spec.policy == "expert" and not spec.attempt.startswith("branch")
+        plain_expert = spec.policy == "expert" and not spec.attempt.startswith(("branch", "lose"))
         expert = make_expert(env, rec, cfg, needs_path=not plain_expert)
         rec.traj.meta["expert"] = expert.kind
         if spec.attempt.startswith("branch"):
             trajs = run_branch(rec, expert, cfg, rng)
+        elif spec.attempt.startswith("lose"):
+            trajs = run_losing_branch(rec, expert, cfg, rng)
         elif spec.policy == "expert":
             trajs = run_expert(rec, expert, cfg)
         elif spec.policy == "noisy_expert":
@@ -815,6 +886,7 @@ class CollectReport:
     episodes: Counter = field(default_factory=Counter)  # policy -> main episodes written
     problems: list[str] = field(default_factory=list)  # torn lines, unfinished episodes
     unfinished: int = 0
+    losing: Counter = field(default_factory=Counter)  # losing branches written: "found" (lost the game) or "not"
 
     @property
     def transitions_per_s(self) -> float:
@@ -831,6 +903,9 @@ class CollectReport:
         ]
         for policy, n in sorted(self.episodes.items()):
             lines.append(f"  {policy}: {self.success[policy]}/{n} succeeded")
+        if self.losing:
+            found, total = self.losing["found"], self.losing["found"] + self.losing["not"]
+            lines.append(f"  losing branches: {found}/{total} lost the game (the rest are ordinary branches)")
         lines += [f"  ! {p}" for p in self.problems]
         return "\n".join(lines)
 
@@ -946,6 +1021,8 @@ def collect(cfg: CollectConfig) -> CollectReport:
             report.statuses[outcome.status] += 1
             report.episodes[main["policy"]] += 1
             report.success[main["policy"]] += int(main["success"])
+            if "losing" in main["meta"]:
+                report.losing["found" if main["meta"]["losing"] else "not"] += 1
             bar.update(1)
             bar.set_postfix(trans=report.transitions, err=report.statuses["errored"], refresh=False)
     except BrokenProcessPool as e:
