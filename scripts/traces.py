@@ -1,0 +1,36 @@
+"""`simplan traces`: an evaluation's traces as training trajectories (the data flywheel's harvest).
+
+    simplan traces --runs runs/eval/twx-train --out runs/data/twx-traces.jsonl
+    simplan traces --runs runs/eval/a,runs/eval/b --arms simplan --min_score 0.5 --out runs/data/traces.jsonl
+
+Every finished episode becomes a trajectory: all its real transitions are simulator data, the actions of
+won (and recovered) episodes decider targets, mistakes masked context (`simplan.inference.harvest`
+describes which step counts as what). Episodes are replayed in their env to record valid actions and
+tools. Prints what was written: episodes, transitions, decider targets, masked steps, skips. Exit
+status: 0 when a file was written, 1 when no episode could be converted, 2 for a missing run folder.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from simplan.inference.harvest import TracesConfig, harvest
+from simplan.scripts.config import parse_config
+
+
+def main(argv: list[str] | None = None) -> int:
+    (cfg,) = parse_config([TracesConfig], argv, description=__doc__.split("\n")[0], prog="simplan traces")
+    try:
+        report = harvest(cfg)
+    except FileNotFoundError as e:
+        print(f"simplan traces: {e}", file=sys.stderr)
+        return 2
+    print(report.summary())
+    if not report.written:
+        print("simplan traces: no episode could be converted; see the skipped counts above", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
