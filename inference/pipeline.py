@@ -127,23 +127,29 @@ class PipelineConfig:
     )
 
     def __post_init__(self) -> None:
-        for name in ("stages", "force"):
-            bad = sorted(set(getattr(self, name) or []) - set(STAGES))
-            if bad:
-                raise ValueError(f"{name}: unknown stage(s) {bad}; stages are {', '.join(STAGES)}")
-        for section, keys in (("eval", ("out", "engine", "model", "adapters")), ("engine", ("model", "adapters"))):
-            clash = sorted(set(getattr(self, section)) & set(keys))
-            if clash:
-                raise ValueError(f"{section}: {clash} are set by the pipeline itself; remove them")
-        bad_estimates = {
-            k: v
-            for k, v in self.estimates.items()
-            if k not in STAGES or isinstance(v, bool) or not isinstance(v, int | float) or v < 0
-        }
-        if bad_estimates:
-            raise ValueError(
-                f"estimates: {bad_estimates} are not stage: minutes (a number >= 0); stages are {', '.join(STAGES)}"
-            )
+        check_stage_keys(self, STAGES)
+
+
+def check_stage_keys(cfg: Any, stages: tuple[str, ...]) -> None:
+    """The checks every pipeline's config shares (this one's, inference/flywheel.py's): stage names in
+    `stages`, `force` and `estimates`, and no eval/engine key that the pipeline sets itself."""
+    for name in ("stages", "force"):
+        bad = sorted(set(getattr(cfg, name) or []) - set(stages))
+        if bad:
+            raise ValueError(f"{name}: unknown stage(s) {bad}; stages are {', '.join(stages)}")
+    for section, keys in (("eval", ("out", "engine", "model", "adapters")), ("engine", ("model", "adapters"))):
+        clash = sorted(set(getattr(cfg, section)) & set(keys))
+        if clash:
+            raise ValueError(f"{section}: {clash} are set by the pipeline itself; remove them")
+    bad_estimates = {
+        k: v
+        for k, v in cfg.estimates.items()
+        if k not in stages or isinstance(v, bool) or not isinstance(v, int | float) or v < 0
+    }
+    if bad_estimates:
+        raise ValueError(
+            f"estimates: {bad_estimates} are not stage: minutes (a number >= 0); stages are {', '.join(stages)}"
+        )
 
 
 class StageFailed(RuntimeError):
@@ -384,6 +390,8 @@ def duration(seconds: float) -> str:
 # The pipeline
 # ---------------------------------------------------------------------------------------------
 class Pipeline:
+    stage_names: tuple[str, ...] = STAGES  # in order; a subclass (inference/flywheel.py) runs its own
+
     def __init__(self, cfg: PipelineConfig) -> None:
         self.cfg = cfg
         self.out = Path(cfg.out)
@@ -456,9 +464,10 @@ class Pipeline:
 
     def _build(self, role: str) -> Stage:
         out = self.dataset(role)
+        inputs, writers = self.build_inputs()
         values = {
             "role": role,
-            "inputs": [str(self.data("train")), str(self.data("dev"))],
+            "inputs": inputs,
             "model": self._model(),
             **self.cfg.build,
             "out": str(out),
@@ -470,9 +479,17 @@ class Pipeline:
             {"build": changed_fields(build_cfg)},
             [out / "dataset"],
             lambda: run_build(build_cfg),
-            ["collect-train", "collect-dev", "model"],
+            [*writers, "model"],
             clear=[out],
         )
+
+    def build_inputs(self) -> tuple[list[str], list[str]]:
+        """The trajectory files both datasets are built from, and the stages that write them."""
+        return [str(self.data("train")), str(self.data("dev"))], ["collect-train", "collect-dev"]
+
+    def train_keys(self, role: str) -> dict[str, Any]:
+        """`simplan train` keys of the role from the pipeline's config (the recipe gives the rest)."""
+        return {**self.cfg.train, **(self.cfg.train_decider if role == "decider" else self.cfg.train_simulator)}
 
     def _train(self, role: str) -> Stage:
         cfg = self.cfg
@@ -480,8 +497,7 @@ class Pipeline:
         out = self.train_dir(role)
         values = {
             "model": self._model(),
-            **cfg.train,
-            **(cfg.train_decider if role == "decider" else cfg.train_simulator),
+            **self.train_keys(role),
             "dataset": str(self.dataset(role) / "dataset"),
             "output_dir": str(out),
         }
@@ -497,26 +513,32 @@ class Pipeline:
         )
 
     def _eval(self) -> Stage:
+        adapters = {r: self.train_dir(r) / "adapter" for r in ("decider", "simulator")}
+        return self.eval_stage("eval", self.cfg.suite, self.cfg.arms, adapters, ["train-decider", "train-simulator"])
+
+    def eval_stage(
+        self, name: str, suite: str, arms: list[str], adapters: dict[str, Path], depends: list[str]
+    ) -> Stage:
+        """An evaluation of `adapters` on `suite` into out/NAME, with the pipeline's eval and engine keys."""
         cfg = self.cfg
-        out = self.out / "eval"
-        adapters = ",".join(f"{r}={self.train_dir(r) / 'adapter'}" for r in ("decider", "simulator"))
+        out = self.out / name
         values = {
-            "suite": cfg.suite,
-            "arms": cfg.arms,
+            "suite": suite,
+            "arms": arms,
             **cfg.eval,
             **cfg.engine,
             "model": self._model(),
-            "adapters": adapters,
+            "adapters": ",".join(f"{role}={path}" for role, path in adapters.items()),
             "out": str(out),
         }
         eval_cfg, engine_cfg = load_configs([EvalConfig, EngineConfig], None, values, "pipeline keys eval/engine")
         return Stage(
-            "eval",
+            name,
             command_line("eval", flags(values)),
             {"eval": changed_fields(eval_cfg), "engine": changed_fields(engine_cfg)},
             [out / "traces.jsonl"],
             lambda: run_eval(eval_cfg, engine_cfg),
-            ["train-decider", "train-simulator", "model"],
+            [*depends, "model"],
             clear=[out],
         )
 
@@ -561,7 +583,7 @@ class Pipeline:
     def _measured(self) -> dict[str, float]:
         """Seconds each stage took when it last completed in this folder (before this run changes any marker)."""
         out: dict[str, float] = {}
-        for name in STAGES:
+        for name in self.stage_names:
             seconds = (self._read(self._marker(name)) or {}).get("seconds")
             if isinstance(seconds, int | float):
                 out[name] = float(seconds)
@@ -587,8 +609,8 @@ class Pipeline:
     # -- run -----------------------------------------------------------------------------------
     def run(self) -> PipelineResult:
         cfg = self.cfg
-        chosen = cfg.stages or list(STAGES)
-        plan = list(STAGES[: max(STAGES.index(s) for s in chosen) + 1])
+        chosen = cfg.stages or list(self.stage_names)
+        plan = list(self.stage_names[: max(self.stage_names.index(s) for s in chosen) + 1])
         clock = TimeLeft(self._measured(), {k: 60.0 * float(v) for k, v in cfg.estimates.items()})
         ahead = self._expected(plan, chosen)
         self.records = []

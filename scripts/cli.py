@@ -32,8 +32,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("simplan.scripts.serve", "serve base + adapters with vLLM's OpenAI-compatible server"),
     "run": ("simplan.scripts.run", "run one episode with the planning loop and a live view"),
     "eval": ("simplan.scripts.eval", "evaluate agent arms on a suite of tasks"),
+    "traces": ("simplan.scripts.traces", "turn an evaluation's traces into trajectories (the data flywheel)"),
     "report": ("simplan.scripts.report", "write Markdown + HTML reports comparing runs"),
     "pipeline": ("simplan.scripts.pipeline", "the whole job: collect, build, train, eval, report"),
+    "flywheel": ("simplan.scripts.flywheel", "one data-flywheel round: harvest, traces, rebuild, continue, eval"),
 }
 
 

@@ -24,16 +24,20 @@ from simplan.scripts.config import parse_config
 
 def main(argv: list[str] | None = None) -> int:
     (cfg,) = parse_config([PipelineConfig], argv, description=__doc__.split("\n")[0], prog="simplan pipeline")
-    pipeline = Pipeline(cfg)
+    return run_to_end(Pipeline(cfg), "simplan pipeline")
+
+
+def run_to_end(pipeline: Pipeline, prog: str) -> int:
+    """Run every stage and print the summary; the exit status (also `simplan flywheel`'s)."""
     try:
         pipeline.run()
     except StageFailed as e:
         if pipeline.records:  # a bad configuration fails before any stage: nothing to summarise
             print("\n" + pipeline.summary())
-        print(f"simplan pipeline: {e}", file=sys.stderr)
+        print(f"{prog}: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("\n" + pipeline.summary() + "\nsimplan pipeline: interrupted; the same command resumes", file=sys.stderr)
+        print("\n" + pipeline.summary() + f"\n{prog}: interrupted; the same command resumes", file=sys.stderr)
         return 130
     print("\n" + pipeline.summary())
     return 0
