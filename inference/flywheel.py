@@ -10,11 +10,11 @@
 The round is a pipeline (inference/pipeline.py) with its own stages; each is the same library call as
 its `simplan` command, finished stages are reused and an interrupted one resumes, exactly as there:
 
+    model            the base model
     harvest          the current adapters on harvest_suite       out/harvest/traces.jsonl  evaluate (skipped
                      (train-fold tasks: their traces become                                without a suite)
                      training data)
     traces           harvest + eval_runs -> trajectories           out/data/traces.jsonl     inference.harvest
-    model            the base model
     build-decider    `data` (what the adapters were trained on)    out/datasets/decider      data.build.build
     build-simulator  + the traces: one merged dataset per role     out/datasets/simulator
     train-decider    continue the decider (`lora_init`)            out/train/decider/adapter training.trainer
@@ -50,9 +50,9 @@ from simplan.inference.pipeline import (
 from simplan.scripts.config import load_configs
 
 FLYWHEEL_STAGES = (
+    "model",
     "harvest",
     "traces",
-    "model",
     "build-decider",
     "build-simulator",
     "train-decider",

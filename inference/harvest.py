@@ -1,6 +1,6 @@
 """Evaluation traces as training trajectories: the data flywheel's harvest (`simplan traces`).
 
-    simplan traces --runs runs/eval/twx-train --out runs/data/twx-traces.jsonl --arms simplan
+    simplan traces --runs runs/eval/twx-train-small --out runs/data/twx-traces.jsonl --arms simplan
     simplan build --role simulator --inputs runs/data/twx-train.jsonl,runs/data/twx-traces.jsonl --out ...
 
     from simplan.inference.harvest import TracesConfig, harvest

@@ -1,6 +1,6 @@
 """`simplan traces`: an evaluation's traces as training trajectories (the data flywheel's harvest).
 
-    simplan traces --runs runs/eval/twx-train --out runs/data/twx-traces.jsonl
+    simplan traces --runs runs/eval/twx-train-small --out runs/data/twx-traces.jsonl
     simplan traces --runs runs/eval/a,runs/eval/b --arms simplan --min_score 0.5 --out runs/data/traces.jsonl
 
 Every finished episode becomes a trajectory: all its real transitions are simulator data, the actions of

@@ -267,7 +267,7 @@ def test_flywheel_round_converts_merges_and_rebuilds(tmp_path, monkeypatch) -> N
         eval_runs=[str(harvested)],
         model="tiny-llama",
         build={"max_prompt_tokens": 384, "progress": False},
-        stages=["harvest", "traces", "model", "build-decider", "build-simulator"],
+        stages=["model", "harvest", "traces", "build-decider", "build-simulator"],
     )
     flywheel = Flywheel(cfg)
     flywheel.run()
@@ -291,8 +291,10 @@ def test_flywheel_toy_recipe_configures_every_stage(monkeypatch) -> None:
     monkeypatch.chdir(REPO)
     (cfg,) = load_configs([FlywheelConfig], "recipes/pipeline/flywheel-toy.yaml")
     flywheel = Flywheel(cfg)
+    assert flywheel._expected(list(FLYWHEEL_STAGES), list(FLYWHEEL_STAGES)) == list(FLYWHEEL_STAGES)  # all hash
     stages = {name: flywheel.stage(name) for name in FLYWHEEL_STAGES}
     assert "--suite toy-train" in stages["harvest"].command and cfg.decider in stages["harvest"].command
+    assert stages["harvest"].depends == ["model"]  # the harvest plays the current adapters on the base model
     assert stages["traces"].depends == ["harvest"] and stages["build-decider"].depends == ["traces", "model"]
     with pytest.raises(ValueError, match="decider: required"):
         FlywheelConfig(data=["x.jsonl"], simulator="s", harvest_suite="toy-train")
