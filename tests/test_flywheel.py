@@ -31,7 +31,8 @@ TRAP_TEXT = "The key slips into a crack in the floor. The door can never be open
 
 
 def _eval(out: Path, engine: str, suite: str = "toy-dev", **kw) -> Path:
-    cfg = EvalConfig(suite=suite, arms=["reactive"], episodes=3, max_steps=8, out=str(out), progress=False, **kw)
+    settings = {"suite": suite, "arms": ["reactive"], "episodes": 3, "max_steps": 8, **kw}  # toy-sized by default
+    cfg = EvalConfig(**settings, out=str(out), progress=False)
     evaluate(cfg, make_engine(engine, "unused"), concurrency=1)
     return out
 
@@ -246,6 +247,25 @@ def test_twx_losing_branches_end_the_game_unwon(tmp_path) -> None:
     for r in losing:
         last = r["steps"][-1]
         assert r["meta"]["losing"] and last["done"] and not last["won"] and last["score"] == -1.0
+
+
+def test_twx_traces_replay_and_an_irreversible_loss_is_masked(tmp_path) -> None:
+    pytest.importorskip("textworld_express")
+    import yaml
+
+    suite = tmp_path / "twx-train.yaml"
+    entry = {"env": "twx", "fold": "train", "families": ["sorting", "arithmetic"], "tasks_per_family": 2}
+    suite.write_text(yaml.safe_dump({"name": "twx-train", "max_steps": 10, "entries": [entry]}))
+    runs = [_eval(tmp_path / kind, kind, suite=str(suite), episodes=0, max_steps=0) for kind in ("expert", "random")]
+    report = harvest(TracesConfig(runs=[str(r) for r in runs], out=str(tmp_path / "t.jsonl")))
+    assert report.written == report.episodes == 8 and not report.skipped  # TWX replays exactly
+    records = _records(tmp_path / "t.jsonl")
+    assert sum(r["success"] for r in records) == 4 == report.outcomes["won"]  # the expert's
+    irreversible = [r for r in records if r["meta"]["loss"] == "irreversible"]
+    assert irreversible  # a random wrong item in the box, or a wrong answer, ends the game at -1
+    for r in irreversible:
+        last = r["steps"][-1]
+        assert last["done"] and not last["won"] and last["score"] == -1.0 and last["source"] == "noise"
 
 
 # ---------------------------------------------------------------------------------------------
