@@ -102,3 +102,25 @@ def test_shop_tiny_pipeline_end_to_end(shop_on_path, tmp_path) -> None:
     assert json.loads((out / "eval" / "eval_config.json").read_text())["suite"]["entries"][0]["faults"]["transient"]
     report = (out / "report" / "report.md").read_text()
     assert all(f"| {arm} |" in report for arm in ("reactive", "plan", "simplan"))
+
+
+def test_bfcl_recipes_train_and_evaluate_on_the_same_compact_tools(tmp_path) -> None:
+    from simplan.inference.engines.config import EngineConfig
+    from simplan.inference.evaluate import EvalConfig
+
+    argv = ["--config", str(REPO / "recipes/pipeline/bfcl-smollm2.yaml"), "--out", str(tmp_path / "p")]
+    (cfg,) = parse_config([pl.PipelineConfig], argv)
+    pipeline = pl.Pipeline(cfg)
+    pipeline.model_path = "/models/smollm2"
+    collected = [pipeline.stage(f"collect-{fold}").config["collect"] for fold in ("train", "dev")]
+    suite = load_suite(cfg.suite)
+    assert all(c["env_kwargs"] == {"compact_tools": True} for c in collected)
+    assert [e.env_kwargs for e in suite.entries] == [{"compact_tools": True}]  # rendered as the adapters saw it
+    assert len(suite.entries[0].families or []) == 4 and suite.entries[0].tasks_per_family == 3
+    decider = pipeline.stage("train-decider").config
+    assert decider["TrainArguments"]["max_steps"] == 32 and decider["DataArguments"]["max_length"] == 3584
+    assert pipeline.stage("eval").config["eval"]["arms"] == ["reactive"]
+    # the base model's run, as the recipe's comment gives it: same suite, no adapters
+    base = ["--suite", "bfcl-dev-cpu", "--arms", "reactive", "--engine", "hf", "--model", "smollm2-135m-instruct"]
+    eval_cfg, engine_cfg = parse_config([EvalConfig, EngineConfig], [*base, "--out", str(tmp_path / "base")])
+    assert eval_cfg.suite == cfg.suite and not engine_cfg.adapters
