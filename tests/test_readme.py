@@ -1,21 +1,22 @@
 """The README's (and docs/'s) commands run as written: every `simplan ...` line of their ```bash blocks.
 
-    nice -n 19 .venv/bin/pytest -q tests/test_readme.py        # ~1 minute: every command, made small
+    nice -n 19 .venv/bin/pytest -q tests/test_readme.py        # ~30 s: every command, made small
 
 Every command runs once, in guide order (README.md, then docs/*.md), in one temporary folder, so that
 `build` reads what `collect` wrote, `eval` loads what `train` saved and `report` reads what `eval`
 wrote, as a reader runs them. They run in this process through `simplan.scripts.cli.main` (torch is
-imported once). A rule in RULES, keyed by the command line, makes each command small and keeps what it
-does: the real model becomes a tiny random model (training/tiny.py), TextWorld-Express the toy env,
-steps and episodes 1-2. A rule only swaps whole arguments and appends flags (the later flag wins), so
-every flag the guide writes is still parsed: a renamed or removed flag fails here. The rule names the
-files the guide promises; the test checks the exit status and that they exist.
+imported once). A rule in RULE_TABLE, keyed by the command line, makes each command small and keeps
+what it does: the real model becomes a tiny random model (training/tiny.py), TextWorld-Express the toy
+env, steps and episodes 1-2. A rule only swaps whole arguments and appends flags (the later flag wins),
+so every flag the guide writes is still parsed: a renamed or removed flag fails here. The rule names
+the files the guide promises; the test checks the exit status and that they exist.
 
-Two commands only show `--help` (and each flag the guide gives them must be in it), because they need a
-vLLM server: `simplan serve` starts one and `simplan eval --engine openai` is its client
-(tests/test_engines.py runs that pair on a tiny model, marked slow). A command added to a guide without
-a rule fails with a message saying to add one. Every relative link in the guides must name a file that
-exists.
+Run with `--help` only (each flag the guide gives them must be in it), because they need a vLLM
+server: `simplan serve` (it starts one) and `simplan eval --engine openai` (its client);
+tests/test_engines.py runs that pair on a tiny model, marked slow. A command added to a guide without
+a rule fails with a message saying to add one. The README's Python API block runs too (made small the
+same way, PYTHON_SWAPS), its sample trace line must have the fields of a real `act` event, and every
+relative link in the guides must name a file that exists.
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ class Rule:
 
     swap: dict[str, str] = field(default_factory=dict)  # whole arguments replaced (model, env, suite, task)
     add: tuple[str, ...] = ()  # flags appended after the guide's own (the later flag wins): tiny limits
-    outputs: tuple[str, ...] = ()  # files or folders the guide promises, relative to the work folder
+    outputs: tuple[str, ...] = ()  # files or folders (or glob patterns) the guide promises, in the work folder
     says: tuple[str, ...] = ()  # text the command must print
     exit: int = 0
     help_only: str = ""  # why only `--help` runs
@@ -104,6 +105,10 @@ def flags(settings: dict[str, object]) -> tuple[str, ...]:
         for key, value in settings.items()
         for word in (f"--{key}", json.dumps(value) if isinstance(value, dict | list) else str(value))
     )
+
+
+def under(folder: str, *names: str) -> tuple[str, ...]:
+    return tuple(f"{folder}/{name}" for name in names)
 
 
 TO_TINY = {"smollm2-135m-instruct": TINY}
@@ -133,14 +138,14 @@ TINY_PIPELINE = {
 PIPELINE = "runs/pipeline/toy-tiny"
 TWX_TRAIN = "runs/train/smollm2-135m-instruct/twx"
 ADAPTERS = f"decider={TWX_TRAIN}/decider/adapter,simulator={TWX_TRAIN}/simulator/adapter"
-EVAL_OUTPUTS = ("traces.jsonl", "results.jsonl", "eval_config.json", "run.json")
 NEEDS_SERVER = "needs a vLLM server (tests/test_engines.py serves a tiny model, marked slow)"
 
 RULE_TABLE: dict[str, Rule] = {
     # --- README: quick check (docs/recipes.md repeats it)
     "simplan pipeline --config recipes/pipeline/toy-tiny.yaml --out runs/pipeline/toy-tiny": Rule(
         add=flags(TINY_PIPELINE),
-        outputs=(f"{PIPELINE}/report/report.html", f"{PIPELINE}/.stages/report.json"),
+        # README: data/ datasets/ train/ eval/ report/ and .stages/
+        outputs=under(PIPELINE, "data/", "datasets/", "train/", "eval/", ".stages/", "report/report.html"),
     ),
     # --- README: each stage alone, on the toy env and the tiny model
     "simplan envs list": Rule(says=("toy ", "twx ")),
@@ -154,16 +159,17 @@ RULE_TABLE: dict[str, Rule] = {
     "simplan build --role decider --inputs runs/data/twx-train.jsonl,runs/data/twx-dev.jsonl "
     "--out runs/datasets/twx-decider": Rule(
         add=("--model", TINY),  # its tokenizer is SmolLM2's
-        outputs=tuple(f"runs/datasets/twx-decider/{name}" for name in ("dataset", "stats.md", "prompt_settings.json")),
+        outputs=under("runs/datasets/twx-decider", "dataset/", "train.jsonl", "stats.md", "prompt_settings.json"),
     ),
     "simplan build --role simulator --inputs runs/data/twx-train.jsonl,runs/data/twx-dev.jsonl "
     "--out runs/datasets/twx-simulator": Rule(add=("--model", TINY), outputs=("runs/datasets/twx-simulator/dataset",)),
     "simplan models fetch smollm2-135m-instruct": Rule(swap=TO_TINY, says=(TINY,)),
     "simplan train --config recipes/smollm2-135m-instruct/twx/decider.yaml": Rule(
         add=("--model", TINY, *flags(TINY_TRAINING)),
-        outputs=tuple(
-            f"{TWX_TRAIN}/decider/{name}"
-            for name in ("adapter/adapter_config.json", "adapter/prompt_settings.json", "config.yaml", "metrics.jsonl")
+        outputs=under(  # README: adapter/ (peft + prompt_settings.json), checkpoint-N/, config.yaml, metrics.jsonl
+            f"{TWX_TRAIN}/decider",
+            *("adapter/adapter_config.json", "adapter/prompt_settings.json", "checkpoint-*/"),
+            *("config.yaml", "metrics.jsonl"),
         ),
     ),
     "simplan train --config recipes/smollm2-135m-instruct/twx/simulator.yaml": Rule(
@@ -172,7 +178,7 @@ RULE_TABLE: dict[str, Rule] = {
     "simplan eval-model --role decider --dataset runs/datasets/twx-decider "
     f"--adapter {TWX_TRAIN}/decider/adapter": Rule(
         add=flags({"model": TINY, "limit": 2, "max_new_tokens": 8, "num_threads": 1}),
-        outputs=(f"{TWX_TRAIN}/decider/eval-dev/metrics.json", f"{TWX_TRAIN}/decider/eval-dev/predictions.jsonl"),
+        outputs=under(f"{TWX_TRAIN}/decider/eval-dev", "metrics.json", "metrics.md", "predictions.jsonl"),
     ),
     "simplan run --env twx --task cookingworld-dev-0 --arm simplan --engine hf --model smollm2-135m-instruct "
     f"--adapters {ADAPTERS}": Rule(
@@ -184,10 +190,10 @@ RULE_TABLE: dict[str, Rule] = {
     f"--adapters {ADAPTERS} --out runs/eval/twx-dev-small": Rule(
         swap=TO_TOY | TO_TINY,
         add=flags({**TINY_EVAL, **TINY_ENGINE, "progress": "false"}),
-        outputs=tuple(f"runs/eval/twx-dev-small/{name}" for name in EVAL_OUTPUTS),
+        outputs=under("runs/eval/twx-dev-small", "traces.jsonl", "results.jsonl", "eval_config.json", "run.json"),
     ),
     "simplan report runs/eval/twx-dev-small --out runs/eval/twx-dev-small/report": Rule(
-        outputs=("runs/eval/twx-dev-small/report/report.md", "runs/eval/twx-dev-small/report/report.html")
+        outputs=under("runs/eval/twx-dev-small/report", "report.md", "report.html")
     ),
     # --- README: serving (docs/serving-and-engines.md serves with --port too)
     f"simplan serve --model smollm2-135m-instruct --adapters {ADAPTERS}": Rule(help_only=NEEDS_SERVER),
@@ -308,7 +314,7 @@ def test_guide_command_runs(where: str, line: str, ran: Ran) -> None:
         missing = [flag for flag in given if flag not in outcome.output.split()]
         assert not missing, f"{where}: {missing} are not in `simplan {shlex.split(line)[1]} --help`"
         return
-    missing = [path for path in rule.outputs if not (ran.work / path).exists()]
+    missing = [pattern for pattern in rule.outputs if not any(ran.work.glob(pattern))]
     assert not missing, f"{where}: the guide promises {missing}, which were not written; {outcome.describe()}"
     unsaid = [text for text in (t.replace(TINY, ran.tiny) for t in rule.says) if text not in outcome.output]
     assert not unsaid, f"{where}: {unsaid} not in the output; {outcome.describe()}"
@@ -334,6 +340,16 @@ def test_readme_python_api_runs(ran: Ran, monkeypatch: pytest.MonkeyPatch, capsy
     assert (ran.work / "runs/datasets/toy-decider/dataset").is_dir()
     success, steps, pivots = capsys.readouterr().out.split()[-3:]
     assert success in ("True", "False") and steps == "2" and pivots.isdigit()
+
+
+def test_readme_act_event_has_the_fields_of_a_real_one(ran: Ran) -> None:
+    """The README's sample trace line lists what an `act` event of today's `simplan run` trace holds."""
+    block = re.search(r"^```json\n(.*?)^```", README.read_text(), re.S | re.M)
+    assert block, "README.md: the sample act event (a ```json block) is gone"
+    shown = json.loads(block.group(1))
+    trace = (ran.work / "runs/run/toy-corridor-100-simplan.jsonl").read_text().splitlines()
+    real = next(event for event in map(json.loads, trace) if event["type"] == "act")
+    assert list(shown) == list(real), f"README.md's act event: update it to the fields {list(real)}"
 
 
 def test_every_rule_is_used() -> None:
