@@ -13,10 +13,11 @@ the files the guide promises; the test checks the exit status and that they exis
 
 Run with `--help` only (each flag the guide gives them must be in it), because they need a vLLM
 server: `simplan serve` (it starts one) and `simplan eval --engine openai` (its client);
-tests/test_engines.py runs that pair on a tiny model, marked slow. A command added to a guide without
-a rule fails with a message saying to add one. The README's Python API block runs too (made small the
-same way, PYTHON_SWAPS), its sample trace line must have the fields of a real `act` event, and every
-relative link in the guides must name a file that exists.
+tests/test_engines.py runs that pair on a tiny model, marked slow. Not run at all: the README's `make
+demo` (the hour-long real pipeline; the quick check is its small twin) and `make test` (it runs this
+file). A command added to a guide without a rule fails with a message saying to add one. The README's
+Python API block runs too (made small the same way, PYTHON_SWAPS), its sample trace line must have the
+fields of a real `act` event, and every relative link in the guides must name a file that exists.
 """
 
 from __future__ import annotations
