@@ -438,8 +438,8 @@ def plot_success(runs: list[RunData]) -> bytes:
                 continue
             xs.append(j + (i - (len(series) - 1) / 2) * width)
             ys.append(m.success_rate)
-            lo.append(m.success_rate - m.ci_low)
-            hi.append(m.ci_high - m.success_rate)
+            lo.append(max(0.0, m.success_rate - m.ci_low))  # matplotlib refuses negative error bars
+            hi.append(max(0.0, m.ci_high - m.success_rate))
         ax.bar(xs, ys, width, yerr=[lo, hi], capsize=2, label=label)
     ax.set_xticks(range(len(fams)))
     ax.set_xticklabels(fams, rotation=30, ha="right")

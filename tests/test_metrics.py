@@ -96,6 +96,8 @@ def test_wilson_interval_known_values() -> None:
     assert wilson_interval(10, 10) == pytest.approx((0.7225, 1.0), abs=1e-4)
     assert wilson_interval(1, 2) == pytest.approx((0.0945, 0.9055), abs=1e-4)
     assert wilson_interval(0, 0) == (0.0, 1.0)
+    for n in range(1, 50):  # exact ends: a bound 1e-17 off 0 made a negative error bar that matplotlib refused
+        assert wilson_interval(0, n)[0] == 0.0 and wilson_interval(n, n)[1] == 1.0
 
 
 def test_per_arm_metrics_match_hand_computed() -> None:

