@@ -646,7 +646,7 @@ class Pipeline:
                 continue
             remaining = ahead[ahead.index(name) :] if name in ahead else [name]
             print(f"\n=== {banner} === {clock.line(remaining)}\n$ {st.command}", flush=True)
-            seconds, result = self._run_stage(st, digest, banner)
+            seconds, result = self._run_stage(st, digest, banner, fresh=name in cfg.force)
             clock.now[name] = seconds
             self.records.append(StageRecord(name, "ran", seconds, result))
             print(f"{banner}: done in {duration(seconds)}", flush=True)
@@ -654,9 +654,9 @@ class Pipeline:
         print(f"\npipeline: finished in {duration(time.perf_counter() - t_start)}", flush=True)
         return PipelineResult(self.report_html(), list(self.records), arm_success(self.out / "eval"))
 
-    def _run_stage(self, st: Stage, digest: str, banner: str) -> tuple[float, str]:
+    def _run_stage(self, st: Stage, digest: str, banner: str, fresh: bool = False) -> tuple[float, str]:
         """Run one stage and write its marker; a failure is recorded for the summary and raised."""
-        self._start(st, digest)
+        self._start(st, digest, fresh)
         t0 = time.perf_counter()
         again = (
             "fix the cause and re-run the same pipeline command (finished stages are reused), or run the stage "
@@ -692,17 +692,20 @@ class Pipeline:
         }
         write_json(self._marker(st.name), record)
 
-    def _start(self, st: Stage, digest: str) -> None:
-        """Record that the stage started; a configuration change since the last start clears its outputs."""
+    def _start(self, st: Stage, digest: str, fresh: bool = False) -> None:
+        """Record that the stage started; a configuration change since the last start, or `fresh` (--force), clears
+        its outputs, so a forced eval runs its episodes again instead of resuming the finished ones."""
         started = self.markers / f"{st.name}.started"
         previous = started.read_text().strip() if started.exists() else None
-        if previous is not None and previous != digest:
+        changed = previous is not None and previous != digest
+        if changed or fresh:
             for p in st.clear:
                 if p.is_dir():
                     shutil.rmtree(p)
                 elif p.exists():
                     p.unlink()
-            print(f"pipeline: {st.name}: configuration changed since it last ran; starting it over", flush=True)
+            why = "forced (--force)" if fresh else "configuration changed since it last ran"
+            print(f"pipeline: {st.name}: {why}; starting it over", flush=True)
         self._marker(st.name).unlink(missing_ok=True)
         started.parent.mkdir(parents=True, exist_ok=True)
         started.write_text(digest + "\n")

@@ -119,6 +119,7 @@ def test_time_left_and_summary(tmp_path, fake_stages, capsys) -> None:
     text = capsys.readouterr().out
     # eval re-runs, report is reused (eval's configuration is unchanged); the time comes from the last run
     assert "=== [8/9] eval === time left: about 0 s (from earlier runs here: 1)" in text
+    assert "pipeline: eval: forced (--force); starting it over" in text  # a forced eval does not resume
     summary = text[text.index("pipeline summary") :]
     assert "collect-train    reused" in summary and "eval             ran" in summary
     assert "report           reused" in summary
