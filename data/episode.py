@@ -266,7 +266,8 @@ def env_transient_patterns(env: str) -> tuple[re.Pattern[str], ...]:
     except UnknownEnvError as e:
         warnings.warn(
             f"env {env!r}: its transient failures cannot be told apart ({e}); the failure memory of its "
-            "trajectories lists them all. Install the env's package (or register it) before building.",
+            "trajectories lists them all. Install the env's package (or register it) before building; for imported "
+            "transcripts, name the env they came from (`simplan import --env NAME`) or ignore this if it has none.",
             stacklevel=2,
         )
         return ()
