@@ -26,7 +26,7 @@ from typing import Any
 from tqdm import tqdm
 
 from simplan.envs.toy import ToyEnv
-from simplan.inference.arms import ARMS
+from simplan.inference.evaluate import ARMS  # the default comparison (the router arm needs an accuracy table)
 from simplan.inference.planner import Planner, PlannerConfig
 from simplan.inference.scripted import ScriptedEngine, ToyOracle
 

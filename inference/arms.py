@@ -9,6 +9,10 @@
               decider is confident (adaptive horizon).
     simplan-oracle  simplan whose simulator is the real env replayed (`simulator: env`, inference/oracle.py):
               how much a perfect simulator would buy; not among `simplan eval`'s default arms.
+    simplan-always  simplan that simulates every decision (no adaptive skip): the baseline of the router.
+    simplan-router  simplan with the selective router (`router: selective`): simulate where the simulator's
+              measured accuracy on the verb or an unsure decider says it can pay, act reactively elsewhere;
+              needs the simulator's simulator_accuracy.json (inference/sim_accuracy.py).
 
 A preset fills only the PlannerConfig fields left at None, so `--arm simplan --horizon 5` keeps
 the flag. `simplan run --arm NAME --help` lists every field.
@@ -24,6 +28,9 @@ ARM_PRESETS: dict[str, dict[str, Any]] = {
     "simplan": {"k": 3, "horizon": 3, "pivots": True, "adaptive": True},
     # The ablation's upper bound: simplan whose imagination is answered by the real env (inference/oracle.py).
     "simplan-oracle": {"k": 3, "horizon": 3, "pivots": True, "adaptive": True, "simulator": "env"},
+    # The router's comparison (issue: trust the simulator where it is right): always simulate vs selective.
+    "simplan-always": {"k": 3, "horizon": 3, "pivots": True, "adaptive": False},
+    "simplan-router": {"k": 3, "horizon": 3, "pivots": True, "adaptive": False, "router": "selective"},
 }
 ARMS: tuple[str, ...] = tuple(ARM_PRESETS)
 

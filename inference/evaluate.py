@@ -77,7 +77,7 @@ class EvalConfig:
     suite: str = field(default="toy-dev", metadata=_help("suite name (recipes/suites/NAME.yaml) or a YAML path"))
     arms: list[str] = field(
         default_factory=lambda: list(ARMS),
-        metadata=_help("arms to compare: reactive,plan,simplan (also simplan-oracle)"),
+        metadata=_help("arms to compare: reactive,plan,simplan (also simplan-oracle, simplan-always, simplan-router)"),
     )
     episodes: int = field(default=0, metadata=_help("tasks per family (0: the suite's tasks_per_family)"))
     repeats: int = field(default=1, metadata=_help("episodes per (task, arm); >1 only differs with sampling"))

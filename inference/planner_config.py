@@ -55,11 +55,12 @@ class PlannerConfig:
             "adaptive / router selective: top-1 minus top-2 probability at which the decider counts as confident"
         ),
     )
-    router: str = field(
-        default="always",
+    router: str | None = field(
+        default=None,
         metadata=_help(
-            "always: simulate every decision the horizon allows (adaptive may skip confident ones); selective: "
-            "simulate only where router_rule says it can pay, act reactively elsewhere (replaces adaptive)"
+            "(arm preset, else always) always: simulate every decision the horizon allows (adaptive may skip "
+            "confident ones); selective: simulate only where router_rule says it can pay, act reactively "
+            "elsewhere (replaces adaptive)"
         ),
     )
     router_rule: str = field(
@@ -204,6 +205,8 @@ class PlannerConfig:
                 setattr(self, name, value)
         if self.simulator is None:
             self.simulator = "model"
+        if self.router is None:
+            self.router = "always"
         checks = [
             ("k", self.k >= 1, ">= 1"),
             ("horizon", self.horizon >= 0, ">= 0"),

@@ -132,6 +132,13 @@ def test_router_without_a_table_fails_naming_the_field_and_the_command(tmp_path)
     Planner(engine, ToyEnv(), PlannerConfig(arm="reactive", router="selective"))  # never simulates: no table needed
 
 
+def test_router_arm_presets():
+    always, router = PlannerConfig(arm="simplan-always"), PlannerConfig(arm="simplan-router")
+    assert (always.router, always.adaptive, always.horizon) == ("always", False, 3)
+    assert (router.router, router.adaptive, router.horizon, router.pivots) == ("selective", False, 3, True)
+    assert PlannerConfig(arm="simplan-router", router_rule="both").router_rule == "both"  # presets keep flags
+
+
 def test_router_unit_rules_and_config_checks():
     table = SimulatorAccuracy.from_dict(
         {"go": {"n": 20, "exact": 18}, "put": {"n": 20, "exact": 4}, "x": {"n": 2, "exact": 0}}
