@@ -229,6 +229,15 @@ RULE_TABLE: dict[str, Rule] = {
         says=("complete, reusing",),
         outputs=(f"{PIPELINE}/report/report.html",),
     ),
+    # one flywheel round on the toy-tiny pipeline's adapters and data, made as small as that pipeline
+    "simplan flywheel --config recipes/pipeline/flywheel-toy.yaml": Rule(
+        add=flags({"train": TINY_TRAINING, "eval": TINY_EVAL, "engine": {**TINY_ENGINE, "engine": "hf"}}),
+        says=("traces",),
+        outputs=("runs/flywheel/toy-tiny-1/report/report.html", "runs/flywheel/toy-tiny-1/train/decider/adapter/"),
+    ),
+    "simplan traces --runs runs/pipeline/toy-tiny/eval --out runs/data/toy-traces.jsonl": Rule(
+        outputs=("runs/data/toy-traces.jsonl",)
+    ),
     # --- docs/trajectory-schema.md
     "simplan validate runs/data/twx-train.jsonl": Rule(),
     # --- docs/writing-an-environment.md
