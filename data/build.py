@@ -43,7 +43,15 @@ from pathlib import Path
 from typing import Any
 
 from simplan.data import format as fmt
-from simplan.data.episode import FORMATS, ROLES, EpisodeState, PromptSettings, renderer_for, write_settings
+from simplan.data.episode import (
+    FORMATS,
+    ROLES,
+    EpisodeState,
+    PromptSettings,
+    env_transient_patterns,
+    renderer_for,
+    write_settings,
+)
 from simplan.data.io import atomic_dir, write_json, write_jsonl, write_text
 from simplan.data.trajectory import STEP_SOURCES, Trajectory
 from simplan.data.validate import read_trajectory_lines
@@ -309,7 +317,8 @@ def make_candidates(trajectories: list[Trajectory], cfg: BuildConfig, counts: Co
     decider = cfg.role == "decider"
     out: list[Candidate] = []
     for traj in trajectories:
-        states = fmt.trajectory_states(traj, max_history=cfg.max_history, max_failures=cfg.max_failures)
+        transient = env_transient_patterns(traj.env)  # left out of the failure memory, as the planner does
+        states = fmt.trajectory_states(traj, cfg.max_history, cfg.max_failures, transient)
         for step, state in zip(traj.steps, states):
             if reason := skip_reason(step, cfg):
                 counts[reason] += 1

@@ -25,6 +25,7 @@ from __future__ import annotations
 import ast
 import json
 import math
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -259,7 +260,10 @@ DEFAULT_MAX_HISTORY = 8  # recent steps a prompt shows before the token budget t
 
 
 def trajectory_states(
-    traj: Trajectory, max_history: int | None = DEFAULT_MAX_HISTORY, max_failures: int | None = DEFAULT_MAX_FAILURES
+    traj: Trajectory,
+    max_history: int | None = DEFAULT_MAX_HISTORY,
+    max_failures: int | None = DEFAULT_MAX_FAILURES,
+    transient: Sequence[re.Pattern[str]] = (),
 ) -> list[PromptState]:
     """The PromptState before each step of a recorded trajectory: `states[i]` is what step i's actor saw.
 
@@ -267,8 +271,10 @@ def trajectory_states(
     by collection when an observation changes them) from the next step on.
     History is every earlier real transition (noise and failed ones included, marked `[failed]`),
     the most recent `max_history` of them when given; the failure memory holds `failure_note`s of
-    the earlier failed steps, distinct, the most recent `max_failures`. History items are built once
-    per trajectory and shared between states, so this is linear in the trajectory length.
+    the earlier failed steps, distinct, the most recent `max_failures`, except transient ones (an
+    observation matching `transient`, the env's transient_patterns: a 503 is retried, not avoided, as the
+    planner does). History items are built once per trajectory and shared between states, so this is
+    linear in the trajectory length.
     """
     items = [history_item(s.action, s.next_observation, s.error) for s in traj.steps]
     states, failures = [], {}  # note -> None, in the order of each note's latest occurrence
@@ -291,7 +297,7 @@ def trajectory_states(
                 failures=notes,
             )
         )
-        if step.error:
+        if step.error and not any(p.search(step.next_observation) for p in transient):
             note = failure_note(step.action, step.next_observation)
             failures.pop(note, None)
             failures[note] = None

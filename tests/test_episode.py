@@ -291,3 +291,17 @@ def test_transient_failures_stay_out_of_the_failure_memory_in_training_and_plann
     # The planner (reactive: it asks the decider at every step, the retry too) sends the training prefixes. The
     # expert's episodes only: a noisy one's unknown tool is parsed into another action by the planner.
     _check_identity("simplan_shop.env:ShopEnv", [t for t in trajs if t.policy == "expert"], settings, tok)
+
+
+def test_step_format_leaves_transient_failures_out_of_the_failure_memory_too(tmp_path, monkeypatch):
+    from simplan.data import format as fmt
+    from simplan.data.episode import env_transient_patterns
+
+    monkeypatch.syspath_prepend(str(SHOP))
+    trajs = _collect(tmp_path, "simplan_shop.env:ShopEnv", ["expert", "noisy_expert"], 3)
+    transient = env_transient_patterns("simplan_shop.env:ShopEnv")
+    assert transient, "the shop declares its 503 transient"
+    kept = [f for t in trajs for st in fmt.trajectory_states(t, None, None, transient) for f in st.failures]
+    every = [f for t in trajs for st in fmt.trajectory_states(t, None, None) for f in st.failures]
+    assert [f for f in every if "503" in f], "a 503 must be in some failure memory for the check to matter"
+    assert not [f for f in kept if "503" in f] and kept, "permanent failures are still remembered"
