@@ -150,7 +150,7 @@ def test_stage_configs_come_from_the_recipes(tmp_path, monkeypatch, capsys) -> N
     pipeline = pl.Pipeline(cfg)
     pipeline.model_path = "/models/smollm2"
     train = pipeline.stage("train-decider")
-    assert train.config["TrainArguments"]["max_steps"] == 60  # the pipeline's train keys override the recipe
+    assert train.config["TrainArguments"]["max_steps"] == 90  # the pipeline's train keys override the recipe
     assert train.config["TrainArguments"]["learning_rate"] == 8.0e-4  # the recipe's own value
     assert train.config["ModelArguments"]["model"] == "/models/smollm2"
     assert train.config["DataArguments"]["dataset"] == str(tmp_path / "p" / "datasets" / "decider" / "dataset")
