@@ -102,9 +102,7 @@ class OpenAIEngine:
                 lp, low = float(sum(values)), (min(values) if values else None)
             n_tok = len(token_ids) if token_ids is not None else len(self.tokenizer(c.text)["input_ids"])
             reason = "length" if c.finish_reason == "length" else "stop"
-            comps.append(
-                Completion(text=c.text, num_tokens=n_tok, finish_reason=reason, logprob=lp, min_logprob=low)
-            )
+            comps.append(Completion(text=c.text, num_tokens=n_tok, finish_reason=reason, logprob=lp, min_logprob=low))
         prompt_tokens = resp.usage.prompt_tokens if resp.usage else len(ids)
         return GenerationResult(comps, prompt_tokens, sum(c.num_tokens for c in comps), t[0])
 
