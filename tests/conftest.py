@@ -3,7 +3,8 @@
 Servers started by tests (inference/serve.py `start_server`) run in their own process group, so a
 killed pytest would leave them running: SIGTERM and SIGHUP are turned into KeyboardInterrupt (the
 test's `with start_server(...)` then stops its server, as on Ctrl-C), and every server still
-running when pytest finishes is stopped.
+running when pytest finishes is stopped. `shop_on_path` puts the example plugin env
+(examples/simplan-shop, `simplan_shop.env:ShopEnv`) on sys.path without installing it.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -39,3 +41,11 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         serve.stop_all_servers()
     for sig, handler in _previous_handlers.items():
         signal.signal(sig, handler)
+
+
+SHOP_PACKAGE = Path(__file__).resolve().parents[1] / "examples" / "simplan-shop"
+
+
+@pytest.fixture
+def shop_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(SHOP_PACKAGE))

@@ -269,11 +269,9 @@ def test_trl_sft_trains_on_the_export_with_our_loss_mask(tmp_path, tok):
 # ---------------------------------------------------------------------------------------------
 # Transient failures are retried, not remembered (training and planner alike)
 # ---------------------------------------------------------------------------------------------
-SHOP = Path(__file__).resolve().parents[1] / "examples" / "simplan-shop"
-
-
-def test_transient_failures_stay_out_of_the_failure_memory_in_training_and_planner_prompts(tmp_path, tok, monkeypatch):
-    monkeypatch.syspath_prepend(str(SHOP))
+def test_transient_failures_stay_out_of_the_failure_memory_in_training_and_planner_prompts(
+    tmp_path, tok, shop_on_path
+):
     trajs = _collect(tmp_path, "simplan_shop.env:ShopEnv", ["expert", "noisy_expert"], 3)
     settings = PromptSettings(budget=600, reserve=16, overlap=1)  # the shop's episodes span 2 windows here
     renderer = renderer_for(settings, tok)
@@ -293,11 +291,10 @@ def test_transient_failures_stay_out_of_the_failure_memory_in_training_and_plann
     _check_identity("simplan_shop.env:ShopEnv", [t for t in trajs if t.policy == "expert"], settings, tok)
 
 
-def test_step_format_leaves_transient_failures_out_of_the_failure_memory_too(tmp_path, monkeypatch):
+def test_step_format_leaves_transient_failures_out_of_the_failure_memory_too(tmp_path, shop_on_path):
     from simplan.data import format as fmt
     from simplan.data.episode import env_transient_patterns
 
-    monkeypatch.syspath_prepend(str(SHOP))
     trajs = _collect(tmp_path, "simplan_shop.env:ShopEnv", ["expert", "noisy_expert"], 3)
     transient = env_transient_patterns("simplan_shop.env:ShopEnv")
     assert transient, "the shop declares its 503 transient"

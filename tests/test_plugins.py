@@ -28,11 +28,6 @@ SHOP = REPO / "examples" / "simplan-shop"
 SPEC = "simplan_shop.env:ShopEnv"
 
 
-@pytest.fixture
-def shop_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.syspath_prepend(str(SHOP))
-
-
 def _suite(tmp_path: Path, env: str) -> Path:
     path = tmp_path / "shop-dev.yaml"
     path.write_text(

@@ -26,14 +26,8 @@ from simplan.inference.pivots import StepRecord, TransientError
 from simplan.inference.planner import Planner, PlannerConfig
 from simplan.inference.scripted import ScriptedEngine, last_user_content, prompt_actions, toy_expert_action
 
-SHOP = Path(__file__).resolve().parents[1] / "examples" / "simplan-shop"
 SPEC = "simplan_shop.env:ShopEnv"
 BUSY = "Service busy (503): try again."
-
-
-@pytest.fixture
-def shop_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.syspath_prepend(str(SHOP))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -20,13 +20,12 @@ from simplan.scripts.config import parse_config
 from simplan.scripts.pipeline import main
 
 REPO = Path(__file__).resolve().parents[1]
-SHOP = REPO / "examples" / "simplan-shop"
 SPEC = "simplan_shop.env:ShopEnv"
 
 
 @pytest.fixture
-def shop_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.syspath_prepend(str(SHOP))
+def shop_on_path(shop_on_path: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """conftest's shop_on_path, run from the repository root (the recipes name repository paths)."""
     monkeypatch.chdir(REPO)
 
 
