@@ -9,9 +9,11 @@ running when pytest finishes is stopped. `shop_on_path` puts the example plugin 
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -44,8 +46,21 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 SHOP_PACKAGE = Path(__file__).resolve().parents[1] / "examples" / "simplan-shop"
+SHOP_SPEC = "simplan_shop.env:ShopEnv"
 
 
 @pytest.fixture
-def shop_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
+def shop_on_path(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The shop importable and named `shop`, as `pip install -e examples/simplan-shop` makes it (its entry
+    point), whether or not this venv has it installed: trajectories record the env's own name, which build
+    resolves for the env's transient failures."""
+    from simplan.data.episode import env_transient_patterns
+    from simplan.envs import registry
+
     monkeypatch.syspath_prepend(str(SHOP_PACKAGE))
+    ep = importlib.metadata.EntryPoint(name="shop", value=SHOP_SPEC, group=registry.ENTRY_POINT_GROUP)
+    installed = [e for e in registry._entry_points() if e.name != "shop"]
+    monkeypatch.setattr(registry, "_entry_points", lambda: [*installed, ep])
+    env_transient_patterns.cache_clear()  # a test before this one may have cached "shop" as unknown
+    yield
+    env_transient_patterns.cache_clear()
