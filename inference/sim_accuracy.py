@@ -26,7 +26,7 @@ from typing import Any
 
 from simplan.data.format import CONVERSATION_SIMULATOR_SYSTEM, SECTION_ACTION
 from simplan.data.io import write_json
-from simplan.inference.trace import EpisodeTrace, normalize_text
+from simplan.inference.trace import EpisodeTrace, predicted_exactly
 
 ACCURACY_FILE = "simulator_accuracy.json"
 _TOOL_CALL = re.compile(r"^\s*([A-Za-z_][\w.\-]*)\s*\(")
@@ -129,10 +129,10 @@ class SimulatorAccuracy:
 
 def accuracy_from_traces(traces: Iterable[EpisodeTrace]) -> SimulatorAccuracy:
     """Online accuracy: every real step that had an expectation (a predicted observation), exact by the
-    rule of the traces' own summary (trace.summarize: `normalize_text`, lower-cased)."""
+    rule of the traces' own summary (trace.predicted_exactly: `normalize_text`, lower-cased)."""
     pairs = []
     for trace in traces:
         for act in trace.of_type("act"):
             if act.expectation is not None:
-                pairs.append((act.action, normalize_text(act.expectation) == normalize_text(act.observation)))
+                pairs.append((act.action, predicted_exactly(act)))
     return SimulatorAccuracy.from_pairs(pairs)

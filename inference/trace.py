@@ -461,6 +461,12 @@ def redundant_steps(acts: list[ActEvent]) -> list[int]:
     return out
 
 
+def predicted_exactly(act: ActEvent) -> bool:
+    """Whether a real step's observation is what the simulator predicted for it (its expectation), as the
+    summary's simulator accuracy counts it: equal after `normalize_text`. False for a step without one."""
+    return act.expectation is not None and normalize_text(act.expectation) == normalize_text(act.observation)
+
+
 def summarize(trace: EpisodeTrace) -> EpisodeSummary:
     """Per-episode metrics from the trace's events alone (see EpisodeSummary for definitions)."""
     acts: list[ActEvent] = trace.of_type("act")
@@ -498,7 +504,7 @@ def summarize(trace: EpisodeTrace) -> EpisodeSummary:
     s.routed_reactive = sum(e.route == "react" for e in imagines)
     predicted = [a for a in acts if a.expectation is not None]
     s.sim_predictions = len(predicted)
-    s.sim_exact = sum(normalize_text(a.expectation) == normalize_text(a.observation) for a in predicted)
+    s.sim_exact = sum(predicted_exactly(a) for a in predicted)
     if predicted:
         s.sim_accuracy = s.sim_exact / len(predicted)
         matches = [a.match for a in predicted if a.match is not None]
