@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import glob
 import json
+import re
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
@@ -56,6 +57,7 @@ from simplan.data.io import atomic_dir, write_json, write_jsonl, write_text
 from simplan.data.trajectory import STEP_SOURCES, Trajectory
 from simplan.data.validate import read_trajectory_lines
 from simplan.envs.base import FOLDS
+from simplan.envs.registry import resolve
 
 DECIDER_SOURCES = ("expert", "recovery")
 DEFAULT_MAX_COMPLETION = {"decider": 128, "simulator": 384}
@@ -129,6 +131,13 @@ class BuildConfig:
     )
     batch_size: int = field(default=4096, metadata={"help": "prompts per tokenizer call"})
     progress: bool = field(default=True, metadata={"help": "show progress bars"})
+    env: str | None = field(
+        default=None,
+        metadata={
+            "help": "env name or package.module:Class whose failure classes apply to every input trajectory; "
+            "default: each trajectory's recorded env"
+        },
+    )
     keep_going: bool = field(
         default=False,
         metadata={
@@ -165,6 +174,7 @@ class BuildConfig:
             raise ValueError(f"sources: {bad or self.sources} not valid; choose from {STEP_SOURCES}")
         if self.batch_size <= 0:
             raise ValueError(f"batch_size: {self.batch_size} must be positive")
+        self.env = self.env or None  # '' (a YAML key left empty) means the default, as none does
         self.settings()  # validates the prompt settings (window overlap, reserve) here, naming the field
 
     def settings(self) -> PromptSettings:
@@ -302,6 +312,14 @@ def trajectory_meta(traj: Trajectory) -> dict[str, Any]:
     }
 
 
+def transient_patterns(traj: Trajectory, cfg: BuildConfig) -> tuple[re.Pattern[str], ...]:
+    """The failures of `traj` that are transient (retried, not remembered), by the env the planner would know:
+    `cfg.env` when given, else the name the trajectory recorded. Collection records an env's own name
+    ("shop"), which resolves only where its package's entry point is installed; `--env package.module:Class`
+    names it anywhere."""
+    return env_transient_patterns(cfg.env or traj.env)
+
+
 def skip_reason(step: Any, cfg: BuildConfig) -> str | None:
     """Why a recorded step is not a target of the role (a stats key), None when it is: the role learns from
     its sources, and the decider never imitates an action that failed."""
@@ -317,7 +335,7 @@ def make_candidates(trajectories: list[Trajectory], cfg: BuildConfig, counts: Co
     decider = cfg.role == "decider"
     out: list[Candidate] = []
     for traj in trajectories:
-        transient = env_transient_patterns(traj.env)  # left out of the failure memory, as the planner does
+        transient = transient_patterns(traj, cfg)  # left out of the failure memory, as the planner does
         states = fmt.trajectory_states(traj, cfg.max_history, cfg.max_failures, transient)
         for step, state in zip(traj.steps, states):
             if reason := skip_reason(step, cfg):
@@ -489,7 +507,9 @@ def conversation_rows(
     counts.update(reason for traj in trajectories for step in traj.steps if (reason := skip_reason(step, cfg)))
     pending: list[tuple[Trajectory, EpisodeState, Any]] = []
     for traj in tqdm(trajectories, desc=f"build {cfg.role}: windows", unit="episode", disable=not cfg.progress):
-        state = EpisodeState.from_trajectory(traj, lambda step: skip_reason(step, cfg) is None)
+        state = EpisodeState.from_trajectory(
+            traj, lambda step: skip_reason(step, cfg) is None, transient_patterns(traj, cfg)
+        )
         pending += [(traj, state, ex) for ex in renderer.examples(state, cfg.role)]
     dedup: Counter = Counter()
     if cfg.dedupe:  # a turn trained before with the same context (a branch's shared prefix) is context here
@@ -759,6 +779,8 @@ def _stats(
 def build(cfg: BuildConfig, tokenizer: Any = None) -> BuildResult:
     """Read, render, fit, tokenize and write one dataset; returns the stats and the written paths."""
     started = time.perf_counter()
+    if cfg.env is not None:
+        resolve(cfg.env)  # an env named for its failure classes must exist; the error says how to name it
     files = expand_inputs(cfg.inputs)
     if tokenizer is None:
         from simplan.training.models import load_tokenizer

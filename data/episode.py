@@ -266,8 +266,10 @@ def env_transient_patterns(env: str) -> tuple[re.Pattern[str], ...]:
     except UnknownEnvError as e:
         warnings.warn(
             f"env {env!r}: its transient failures cannot be told apart ({e}); the failure memory of its "
-            "trajectories lists them all. Install the env's package (or register it) before building; for imported "
-            "transcripts, name the env they came from (`simplan import --env NAME`) or ignore this if it has none.",
+            "trajectories lists them all. Name the env's adapter class when building (`simplan build --env "
+            "package.module:Class`; trajectories record the env's own name, which only an installed package "
+            "resolves); for imported transcripts, name the env they came from (`simplan import --env NAME`) or "
+            "ignore this if it has none.",
             stacklevel=2,
         )
         return ()

@@ -172,6 +172,11 @@ class Flywheel(Pipeline):
     def build_inputs(self) -> tuple[list[str], list[str]]:
         return [*self.cfg.data, str(self.traces_path())], ["traces"]
 
+    def build_env(self) -> str | None:
+        # The round names no env (its data and traces may come from several): each trajectory's recorded env,
+        # unless the round's `build` keys give one (`build: {env: package.module:Class}` for a class-spec env).
+        return None
+
     def train_keys(self, role: str) -> dict[str, Any]:
         return {**super().train_keys(role), "lora_init": self.cfg.decider if role == "decider" else self.cfg.simulator}
 

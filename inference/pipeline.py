@@ -465,18 +465,23 @@ class Pipeline:
     def _build(self, role: str) -> Stage:
         out = self.dataset(role)
         inputs, writers = self.build_inputs()
+        env = self.build_env()
         values = {
             "role": role,
             "inputs": inputs,
             "model": self._model(),
+            **({"env": env} if env else {}),
             **self.cfg.build,
             "out": str(out),
         }
         (build_cfg,) = load_configs([BuildConfig], None, values, "pipeline key build")
+        hashed = changed_fields(build_cfg)
+        if env and hashed.get("env") == env:  # the collect stages it reads hash the env: no rebuild after upgrade
+            del hashed["env"]
         return Stage(
             f"build-{role}",
             command_line("build", flags(values)),
-            {"build": changed_fields(build_cfg)},
+            {"build": hashed},
             [out / "dataset"],
             lambda: run_build(build_cfg),
             [*writers, "model"],
@@ -486,6 +491,11 @@ class Pipeline:
     def build_inputs(self) -> tuple[list[str], list[str]]:
         """The trajectory files both datasets are built from, and the stages that write them."""
         return [str(self.data("train")), str(self.data("dev"))], ["collect-train", "collect-dev"]
+
+    def build_env(self) -> str | None:
+        """The env whose failure classes both datasets use: the one collected from, as named here. Collection
+        records the env's own name ("shop"), which build could not resolve for an env given as a class spec."""
+        return self.cfg.env
 
     def train_keys(self, role: str) -> dict[str, Any]:
         """`simplan train` keys of the role from the pipeline's config (the recipe gives the rest)."""

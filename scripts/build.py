@@ -8,7 +8,7 @@ Input lines are checked as `simplan validate` checks them. A bad line stops the 
 problem reported as FILE:LINE, unless --keep_going true, which builds from the good lines and
 reports the bad ones (on stderr and in stats.json). Exit status: 0 when a dataset was written, 1
 when no example survived, 2 on a bad input (missing file, bad lines without --keep_going, a task in
-two folds). What each example holds is described in `simplan.data.build`.
+two folds, an unknown --env). What each example holds is described in `simplan.data.build`.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from __future__ import annotations
 import sys
 
 from simplan.data.build import BuildConfig, FoldLeakError, MalformedInputError, build, stats_markdown
+from simplan.envs.registry import UnknownEnvError
 from simplan.scripts.config import parse_config
 
 MAX_PRINTED_PROBLEMS = 20
@@ -25,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     (cfg,) = parse_config([BuildConfig], argv, description=__doc__.split("\n")[0], prog="simplan build")
     try:
         result = build(cfg)
-    except (FileNotFoundError, FoldLeakError, MalformedInputError) as e:
+    except (FileNotFoundError, FoldLeakError, MalformedInputError, UnknownEnvError) as e:
         print(f"simplan build: {e}", file=sys.stderr)
         return 2
     stats = result.stats

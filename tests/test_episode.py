@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import replace
 from pathlib import Path
 
@@ -302,3 +303,52 @@ def test_step_format_leaves_transient_failures_out_of_the_failure_memory_too(tmp
     every = [f for t in trajs for st in fmt.trajectory_states(t, None, None) for f in st.failures]
     assert [f for f in every if "503" in f], "a 503 must be in some failure memory for the check to matter"
     assert not [f for f in kept if "503" in f] and kept, "permanent failures are still remembered"
+
+
+SHOP_PACKAGE = Path(__file__).resolve().parents[1] / "examples" / "simplan-shop"
+SHOP_SPEC = "simplan_shop.env:ShopEnv"
+
+
+@pytest.fixture
+def shop_unnamed(monkeypatch: pytest.MonkeyPatch):
+    """The shop importable by its class spec but with no `shop` entry point: a fresh clone, where the example
+    package is not pip-installed (the opposite of conftest's shop_on_path)."""
+    from simplan.data.episode import env_transient_patterns
+    from simplan.envs import registry
+
+    monkeypatch.syspath_prepend(str(SHOP_PACKAGE))
+    installed = [e for e in registry._entry_points() if e.name != "shop"]
+    monkeypatch.setattr(registry, "_entry_points", lambda: installed)
+    env_transient_patterns.cache_clear()  # an earlier test may have cached "shop" as known
+    yield
+    env_transient_patterns.cache_clear()
+
+
+def test_build_env_names_the_failure_classes_where_the_recorded_env_name_is_unknown(tmp_path, tok, shop_unnamed):
+    from simplan.envs.registry import UnknownEnvError
+
+    trajs = _collect(tmp_path, SHOP_SPEC, ["expert", "noisy_expert"], 3)
+    assert {t.env for t in trajs} == {"shop"}, "collection records the env's own name, unknown here"
+    inputs = [str(tmp_path / f"{SHOP_SPEC}.jsonl")]
+
+    def memories(out: str, **kw) -> list[str]:
+        """The system message (goal and failure memory) of every decider window built."""
+        window = {"max_prompt_tokens": 600, "completion_reserve": 16, "window_overlap": 1}  # 503s open windows
+        result = build(BuildConfig(inputs=inputs, out=str(tmp_path / out), progress=False, **window, **kw), tok)
+        files = [result.paths[fold] for fold in ("train", "dev", "test") if fold in result.paths]
+        return [json.loads(line)["messages"][0]["content"] for path in files for _, line in iter_jsonl(path)]
+
+    with pytest.warns(UserWarning, match=r"simplan build --env package\.module:Class"):
+        unclassed = memories("by-recorded-name")
+    assert [m for m in unclassed if "503" in m], "a window must open after a 503 for the check to matter"
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        classed = memories("by-class", env=SHOP_SPEC)
+    assert not [w for w in caught if "cannot be told apart" in str(w.message)], "the named env resolves"
+    assert not [m for m in classed if "503" in m], "the shop's 503 is transient: retried, not remembered"
+    assert [m for m in classed if "Failed before" in m], "permanent and sell-out failures are still remembered"
+
+    with pytest.raises(UnknownEnvError, match="no_such_env"):  # a misspelt env fails before anything is built
+        memories("misspelt", env="no_such_env")
+    assert not (tmp_path / "misspelt").exists()

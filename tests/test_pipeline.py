@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shlex
 from pathlib import Path
 
 import pytest
@@ -178,6 +179,30 @@ def test_stage_configs_come_from_the_recipes(tmp_path, monkeypatch, capsys) -> N
     assert "train-decider: pipeline keys train/train_decider: unknown key 'max_stepz'" in captured.err
     assert "pipeline summary" not in captured.out  # nothing ran, nothing to summarise
     assert not (tmp_path / "p" / "data").exists()
+
+
+def test_build_stages_name_the_pipelines_env_and_keep_their_hash(tmp_path, monkeypatch) -> None:
+    """Trajectories record the env's own name ("shop"), which build resolves only where the package's entry point
+    is installed: both build stages pass the env the pipeline collected from, in the command they print too."""
+    from simplan.data.build import BuildConfig
+
+    spec = "simplan_shop.env:ShopEnv"
+    pipeline = pl.Pipeline(pl.PipelineConfig(out=str(tmp_path / "p"), env=spec))
+    ran: list[BuildConfig] = []
+    monkeypatch.setattr(pl, "run_build", lambda cfg: ran.append(cfg) or "built")
+    for role in ("decider", "simulator"):
+        stage = pipeline.stage(f"build-{role}")
+        argv = shlex.split(stage.command)
+        assert argv[:2] == ["simplan", "build"]
+        (printed,) = parse_config([BuildConfig], argv[2:])  # the printed command runs the same build
+        assert printed.env == spec and printed.role == role
+        stage.run()
+        assert ran[-1].env == spec and ran[-1].role == role
+        # the collect stages the build reads hash the env: a build finished before it was passed is not redone
+        assert "env" not in stage.config["build"]
+
+    other = pl.Pipeline(pl.PipelineConfig(out=str(tmp_path / "q"), env=spec, build={"env": "toy"}))
+    assert other.stage("build-decider").config["build"]["env"] == "toy"  # the pipeline's build keys win, hashed
 
 
 def test_collect_eval_and_report_stages_call_the_library(tmp_path, capsys) -> None:
