@@ -20,23 +20,43 @@ its `simplan` command, finished stages are reused and an interrupted one resumes
     train-decider    continue the decider (`lora_init`)            out/train/decider/adapter training.trainer
     train-simulator  continue the simulator (`lora_init`)          out/train/simulator/adapter
     eval             the new adapters on `suite`                   out/eval/traces.jsonl     evaluate
+    simulator-check  the old and the new simulator, paired, on     out/simulator-check/      inference.harvest,
+                     the agent's own dev states: `before`'s        summary.json              data.build.build,
+                     traces as a simulator dataset (dev fold),                               training.evaluate
+                     eval-model on it once per adapter (skipped                              (eval-model)
+                     without `before`)
     report           `before` (the old adapters' eval run on       out/report/report.html    write_report
-                     the same suite) beside the new one
+                     the same suite) beside the new one, and the
+                     simulator check's table
 
 Harvest from train-fold tasks (recipes/suites/toy-train.yaml): trajectories keep their task's fold, so
 traces of the dev suite would land in the dev split, where they are not trained on. The traces stage's
 hash covers the contents of the harvested trace files: a run that grew is converted again.
+
+The simulator check answers "does the simulator predict better where the agent really goes?": the
+states of `before` (the old adapters on the dev suite) are exactly what the agent meets, which the
+collected dev data is not. Both adapters see the same rows (same dataset, fold and `limit`), built
+with the prompt settings they were trained with (the round's `build` keys, checked against each
+adapter's prompt_settings.json), decoded greedily as `simplan eval-model` does; a row counts as
+exact under eval-model's rule. summary.json holds the rows, exact before and after, the rows right
+only before / only after (and both, neither), the exact McNemar p-value on those discordant rows
+(inference/paired.py) and eval-model's token F1 of each.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from simplan.data.build import BuildConfig
+from simplan.data.episode import PromptSettings, read_settings
+from simplan.data.io import iter_jsonl, write_json
 from simplan.inference.harvest import TracesConfig, trace_file
+from simplan.inference.paired import mcnemar_exact
 from simplan.inference.pipeline import (
     Pipeline,
     PipelineConfig,
@@ -46,8 +66,10 @@ from simplan.inference.pipeline import (
     check_stage_keys,
     command_line,
     flags,
+    run_build,
 )
 from simplan.scripts.config import load_configs
+from simplan.training.evaluate import EvalModelConfig
 
 FLYWHEEL_STAGES = (
     "model",
@@ -58,8 +80,25 @@ FLYWHEEL_STAGES = (
     "train-decider",
     "train-simulator",
     "eval",
+    "simulator-check",
     "report",
 )
+# EvalModelConfig keys the simulator check sets itself: the same rows and decoding for both adapters.
+CHECK_SETS = (
+    "role",
+    "dataset",
+    "fold",
+    "model",
+    "adapter",
+    "compare_base",
+    "out",
+    "decode",
+    "predictions",
+    "replay",
+    "trajectories",
+    "write_adapter_accuracy",
+)
+CHECK_FOLD = "dev"
 
 
 def _help(text: str) -> dict[str, str]:
@@ -94,7 +133,18 @@ class FlywheelConfig:
     )
     traces: dict = field(default_factory=dict, metadata=_help("TracesConfig keys of the conversion (arms, min_score)"))
     before: str = field(
-        default="", metadata=_help("the old adapters' eval run on `suite`, shown beside the new one in the report")
+        default="",
+        metadata=_help(
+            "the old adapters' eval run on `suite`, shown beside the new one in the report; its states are "
+            "the simulator check's rows ('' none: no check)"
+        ),
+    )
+    simulator_check: dict = field(
+        default_factory=dict,
+        metadata=_help(
+            "EvalModelConfig keys of the simulator check's two eval-model runs (limit, batch_size, "
+            "max_new_tokens, dtype, num_threads, device)"
+        ),
     )
     model: str = _as_in_pipeline("model")
     build: dict = _as_in_pipeline("build")
@@ -121,6 +171,9 @@ class FlywheelConfig:
         clash = sorted(set(self.traces) & {"runs", "out"})
         if clash:
             raise ValueError(f"traces: {clash} are set by the flywheel itself; remove them")
+        clash = sorted(set(self.simulator_check) & set(CHECK_SETS))
+        if clash:
+            raise ValueError(f"simulator_check: {clash} are set by the flywheel itself; remove them")
         check_stage_keys(self, FLYWHEEL_STAGES)
 
 
@@ -134,10 +187,127 @@ def run_traces(cfg: TracesConfig) -> str:
     return f"{report.written} episodes, {report.decider_targets} decider targets, {report.masked} masked"
 
 
-def run_report(runs: list[Path], out: Path, title: str) -> str:
+def run_report(runs: list[Path], out: Path, title: str, check: Path | None = None) -> str:
+    """The report of `runs`, with the simulator check's table when `check` (its summary.json) exists."""
     from simplan.inference.report import write_report
 
-    return str(write_report(runs, out, title=title)["html"])
+    extra = [SimulatorCheck.read(check).table()] if check is not None and check.exists() else None
+    return str(write_report(runs, out, title=title, extra=extra)["html"])
+
+
+# ---------------------------------------------------------------------------------------------
+# The simulator check: the old and the new simulator on the agent's own dev states
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class SimulatorCheck:
+    """The old (before) and the new (after) simulator on the same rows; exact as `simplan eval-model` counts it."""
+
+    rows: int
+    exact_before: float
+    exact_after: float
+    both: int  # rows both predicted exactly
+    only_before: int  # the discordant rows: right before the round, wrong after ...
+    only_after: int  # ... and the other way round
+    neither: int
+    p_value: float  # exact McNemar test on only_before vs only_after (inference/paired.py)
+    token_f1_before: float | None = None
+    token_f1_after: float | None = None
+
+    @staticmethod
+    def from_rows(before: list[bool], after: list[bool], f1: tuple[float | None, float | None]) -> SimulatorCheck:
+        if len(before) != len(after):
+            raise ValueError(f"simulator check: {len(before)} rows before but {len(after)} after; pairs need both")
+        n = len(before)
+        only_before = sum(b and not a for b, a in zip(before, after))
+        only_after = sum(a and not b for b, a in zip(before, after))
+        both = sum(b and a for b, a in zip(before, after))
+        return SimulatorCheck(
+            rows=n,
+            exact_before=sum(before) / n if n else 0.0,
+            exact_after=sum(after) / n if n else 0.0,
+            both=both,
+            only_before=only_before,
+            only_after=only_after,
+            neither=n - both - only_before - only_after,
+            p_value=mcnemar_exact(only_before, only_after),
+            token_f1_before=f1[0],
+            token_f1_after=f1[1],
+        )
+
+    @staticmethod
+    def read(path: Path) -> SimulatorCheck:
+        return SimulatorCheck(**json.loads(path.read_text()))
+
+    def line(self) -> str:
+        """'simulator exact 12.0% -> 18.5% on 200 rows (only before 4, only after 17, McNemar p 0.007)'."""
+        return (
+            f"simulator exact {100 * self.exact_before:.1f}% -> {100 * self.exact_after:.1f}% on {self.rows} rows "
+            f"of the agent's dev states (only before {self.only_before}, only after {self.only_after}, "
+            f"McNemar p {self.p_value:.3g})"
+        )
+
+    def table(self) -> Any:
+        from simplan.inference.report import Table, pct
+
+        f1 = [pct(x) for x in (self.token_f1_before, self.token_f1_after)]
+        return Table(
+            "Simulator on the agent's own dev states (paired)",
+            ["simulator", "rows", "exact", "token F1", "rows right only here"],
+            [
+                ["before the round", str(self.rows), pct(self.exact_before), f1[0], str(self.only_before)],
+                ["after the round", str(self.rows), pct(self.exact_after), f1[1], str(self.only_after)],
+            ],
+            note=f"The before run's steps as simulator rows, the same rows for both adapters; exact McNemar p = "
+            f"{self.p_value:.3g} on the {self.only_before + self.only_after} rows only one predicted exactly.",
+        )
+
+
+def exact_by_row(run: Path) -> tuple[list[str], list[bool], float | None]:
+    """An eval-model run's gold per row, whether the adapter matched it exactly, and its token F1 (None if absent)."""
+    records = [json.loads(line) for _, line in iter_jsonl(run / "predictions.jsonl")]
+    metrics = json.loads((run / "metrics.json").read_text())
+    f1 = metrics["results"]["adapter"].get("token_f1")
+    return [r["gold"] for r in records], [bool(r["adapter_exact"]) for r in records], f1
+
+
+def paired_exact(before: Path, after: Path) -> SimulatorCheck:
+    """The two eval-model runs (same dataset, fold and limit) paired row by row; different rows are an error."""
+    gold_b, exact_b, f1_b = exact_by_row(before)
+    gold_a, exact_a, f1_a = exact_by_row(after)
+    if gold_b != gold_a:
+        raise StageFailed(f"simulator check: {before} and {after} scored different rows; they cannot be paired")
+    return SimulatorCheck.from_rows(exact_b, exact_a, (f1_b, f1_a))
+
+
+def check_layout(adapter: Path, settings: PromptSettings) -> None:
+    """The adapter was trained on `settings` (its prompt_settings.json, when it has one), else a ValueError."""
+    saved = read_settings(adapter)
+    if saved is None or saved == settings:
+        return
+    here = settings.to_dict()
+    differ = ", ".join(f"{k}: {v!r} there, {here[k]!r} here" for k, v in saved.to_dict().items() if v != here[k])
+    raise ValueError(
+        f"simulator check: {adapter} was trained with other prompt settings ({differ}); set the round's `build` keys "
+        "to the ones it was trained with, so both simulators are measured on the layout they learned"
+    )
+
+
+def run_simulator_check(
+    traces_cfg: TracesConfig, build_cfg: BuildConfig, evals: dict[str, EvalModelConfig], out: Path
+) -> str:
+    from simplan.training.evaluate import evaluate as evaluate_model
+
+    run_traces(traces_cfg)  # a `before` without traces is a FileNotFoundError naming it
+    run_build(build_cfg)
+    for cfg in evals.values():
+        check_layout(Path(cfg.adapter), build_cfg.settings())  # the new adapter exists only now
+    for name, cfg in evals.items():
+        print(f"simulator-check: eval-model of the {name} simulator {cfg.adapter}", flush=True)
+        evaluate_model(cfg)
+    check = paired_exact(Path(evals["before"].out), Path(evals["after"].out))
+    write_json(out / "summary.json", dataclasses.asdict(check))
+    print(f"simulator-check: {check.line()}", flush=True)
+    return check.line()
 
 
 def file_digest(path: Path) -> str:
@@ -165,6 +335,8 @@ class Flywheel(Pipeline):
             return self._harvest()
         if name == "traces":
             return self._traces()
+        if name == "simulator-check":
+            return self._simulator_check()
         if name == "report":
             return self._report()
         return super().stage(name)
@@ -209,9 +381,80 @@ class Flywheel(Pipeline):
             clear=[out],
         )
 
+    def check_summary(self) -> Path:
+        return self.out / "simulator-check" / "summary.json"
+
+    def _simulator_check(self) -> Stage:
+        cfg = self.cfg
+        if not cfg.before:
+            why = "no `before` eval run: no states of the old adapters to measure the simulators on"
+            return Stage("simulator-check", f"({why})", {}, [], lambda: f"skipped ({why})")
+        out = self.out / "simulator-check"
+        try:
+            contents = {cfg.before: file_digest(trace_file(cfg.before))}
+        except FileNotFoundError:  # not yet made (a recipe checked before its pipeline ran): the run says so
+            contents = {cfg.before: "missing"}
+        traces_values = {"runs": [cfg.before], "out": str(out / "traces.jsonl")}  # every arm: all are the agent
+        (traces_cfg,) = load_configs([TracesConfig], None, traces_values, "flywheel simulator check")
+        build_values = {
+            "inputs": [traces_cfg.out],
+            "model": self._model(),
+            **cfg.build,
+            "role": "simulator",
+            "out": str(out / "dataset"),
+        }
+        (build_cfg,) = load_configs([BuildConfig], None, build_values, "flywheel key build")
+        check_layout(Path(cfg.simulator), build_cfg.settings())  # the old adapter: before any stage runs
+        adapters = {"before": Path(cfg.simulator), "after": self.train_dir("simulator") / "adapter"}
+        evals: dict[str, EvalModelConfig] = {}
+        commands = [command_line("traces", flags(traces_values)), command_line("build", flags(build_values))]
+        for name, adapter in adapters.items():
+            values = {
+                "role": "simulator",
+                "dataset": str(out / "dataset"),
+                "fold": CHECK_FOLD,
+                "model": self._model(),
+                "adapter": str(adapter),
+                "compare_base": False,
+                **cfg.simulator_check,
+                "out": str(out / name),
+            }
+            (evals[name],) = load_configs([EvalModelConfig], None, values, "flywheel key simulator_check")
+            commands.append(command_line("eval-model", flags(values)))
+        config = {
+            "traces": changed_fields(traces_cfg),
+            "build": changed_fields(build_cfg),
+            "eval_model": {name: changed_fields(c) for name, c in evals.items()},
+            "contents": contents,
+        }
+        return Stage(
+            "simulator-check",
+            " && ".join(commands),
+            config,
+            [self.check_summary()],
+            lambda: run_simulator_check(traces_cfg, build_cfg, evals, out),
+            ["train-simulator", "model"],
+            clear=[out],
+        )
+
     def _report(self) -> Stage:
         runs = ([Path(self.cfg.before)] if self.cfg.before else []) + [self.out / "eval"]
         out, title = self.out / "report", self.cfg.title
+        check = self.check_summary() if self.cfg.before else None
         command = command_line("report", [*map(str, runs), "--out", str(out), "--title", title])
-        config = {"runs": [str(r) for r in runs], "out": str(out), "title": title}
-        return Stage("report", command, config, [self.report_html()], lambda: run_report(runs, out, title), ["eval"])
+        config = {"runs": [str(r) for r in runs], "out": str(out), "title": title, "check": str(check or "")}
+        return Stage(
+            "report",
+            command,
+            config,
+            [self.report_html()],
+            lambda: run_report(runs, out, title, check),
+            ["eval", "simulator-check"],
+        )
+
+    def summary(self) -> str:
+        """The pipeline's summary, with the simulator check's line when it has run."""
+        text = super().summary()
+        if self.check_summary().exists():
+            text += f"\nsimulator check: {SimulatorCheck.read(self.check_summary()).line()}"
+        return text

@@ -533,8 +533,14 @@ def metrics_json(runs: list[RunData]) -> dict[str, Any]:
     }
 
 
-def write_report(run_dirs: list[str | Path], out_dir: str | Path, title: str = "simplan evaluation report") -> dict:
-    """Write report.md (+ plots/*.png) and a self-contained report.html; returns their paths."""
+def write_report(
+    run_dirs: list[str | Path],
+    out_dir: str | Path,
+    title: str = "simplan evaluation report",
+    extra: list[Table] | None = None,
+) -> dict:
+    """Write report.md (+ plots/*.png) and a self-contained report.html; returns their paths. `extra`: tables a
+    caller measured beside the runs (the flywheel's simulator check), shown after the main ones."""
     if not run_dirs:
         raise ValueError("write_report: give at least one run folder (simplan eval --out) or trace file")
     out = Path(out_dir)
@@ -546,6 +552,7 @@ def write_report(run_dirs: list[str | Path], out_dir: str | Path, title: str = "
     main = [files_table(runs), arms_table(runs), prompt_steps_table(runs), paired_table(runs)]
     main += [success for success, _ in by_game]
     main.append(loss_table(runs))
+    main += extra or []
     details = [detail for _, detail in by_game]
     details += [reasons_table(runs), lost_episodes_table(runs)]
     inv = invocations_table(runs)

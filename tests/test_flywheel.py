@@ -8,6 +8,7 @@ model is loaded; datasets are built with a tiny random tokenizer.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -271,22 +272,46 @@ def test_twx_traces_replay_and_an_irreversible_loss_is_masked(tmp_path) -> None:
 # ---------------------------------------------------------------------------------------------
 # One round
 # ---------------------------------------------------------------------------------------------
+def _tiny_adapter(out: Path, seed: int) -> Path:
+    """A LoRA on the tiny llama with random non-zero B (peft starts B at zero, the base model's outputs)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from simplan.training.tiny import tiny_model
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model("llama"), dtype=torch.float32)
+    peft_model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 0.3)
+    peft_model.save_pretrained(str(out))
+    return out
+
+
 def test_flywheel_round_converts_merges_and_rebuilds(tmp_path, monkeypatch) -> None:
-    from simplan.inference.flywheel import Flywheel, FlywheelConfig
+    from simplan.inference.flywheel import Flywheel, FlywheelConfig, SimulatorCheck
+    from simplan.inference.paired import mcnemar_exact
 
     monkeypatch.chdir(REPO)
     data = [tmp_path / "train.jsonl", tmp_path / "dev.jsonl"]
     for fold, path in zip(("train", "dev"), data):
         collect(CollectConfig(env="toy", fold=fold, limit=2, policies=["expert"], out=str(path), progress=False))
     harvested = _eval(tmp_path / "harvested", "random", suite="toy-train")
+    before = _eval(tmp_path / "before", "random")  # stands in for the old adapters' run on the dev suite
+    old_simulator = _tiny_adapter(tmp_path / "old-simulator", seed=1)
     cfg = FlywheelConfig(
         out=str(tmp_path / "round"),
         data=[str(p) for p in data],
         decider="runs/old/decider/adapter",
-        simulator="runs/old/simulator/adapter",
+        simulator=str(old_simulator),
         eval_runs=[str(harvested)],
+        before=str(before),
         model="tiny-llama",
         build={"max_prompt_tokens": 384, "progress": False},
+        simulator_check={"limit": 0, "max_new_tokens": 4, "dtype": "float32", "num_threads": 1},
         stages=["model", "harvest", "traces", "build-decider", "build-simulator"],
     )
     flywheel = Flywheel(cfg)
@@ -300,8 +325,81 @@ def test_flywheel_round_converts_merges_and_rebuilds(tmp_path, monkeypatch) -> N
 
     # the adapters are continued, not started afresh, and the next eval is of the new ones
     assert flywheel.stage("train-decider").config["LoraArguments"]["lora_init"] == "runs/old/decider/adapter"
-    assert "--lora_init runs/old/simulator/adapter" in flywheel.stage("train-simulator").command
+    assert f"--lora_init {old_simulator}" in flywheel.stage("train-simulator").command
     assert f"decider={tmp_path / 'round' / 'train' / 'decider' / 'adapter'}" in flywheel.stage("eval").command
+
+    # the simulator check: the old and the new simulator on the same rows, the states of the `before` run
+    _tiny_adapter(tmp_path / "round" / "train" / "simulator" / "adapter", seed=2)  # as train-simulator leaves it
+    check_stage = flywheel.stage("simulator-check")
+    assert check_stage.depends == ["train-simulator", "model"] and "eval-model --role simulator" in check_stage.command
+    result = check_stage.run()
+    out = tmp_path / "round" / "simulator-check"
+    check = SimulatorCheck.read(out / "summary.json")
+    trajectories = _records(out / "traces.jsonl")
+    assert len(trajectories) == 3 and {r["task"]["fold"] for r in trajectories} == {"dev"}  # every episode of it
+    assert check.rows == _trained(out / "dataset")["count"] > 0  # every step of them, all in the dev fold
+    assert check.both + check.only_before + check.only_after + check.neither == check.rows
+    assert check.both + check.only_before == round(check.exact_before * check.rows)
+    assert check.both + check.only_after == round(check.exact_after * check.rows)
+    assert check.p_value == mcnemar_exact(check.only_before, check.only_after)
+    assert 0.0 <= check.token_f1_before <= 1.0 and 0.0 <= check.token_f1_after <= 1.0
+    gold = [[r["gold"] for r in _records(out / name / "predictions.jsonl")] for name in ("before", "after")]
+    assert gold[0] == gold[1] and len(gold[0]) == check.rows  # paired: the same rows, in the same order
+    outputs = [[r["adapter"] for r in _records(out / name / "predictions.jsonl")] for name in ("before", "after")]
+    assert outputs[0] != outputs[1]  # each adapter decoded its own predictions
+    assert result == check.line() and check.line() in flywheel.summary()
+
+
+def test_simulator_check_pairs_rows_and_counts_the_discordant_ones(tmp_path) -> None:
+    from simplan.inference.flywheel import SimulatorCheck, paired_exact
+    from simplan.inference.pipeline import StageFailed
+
+    def eval_model_run(name: str, exact: list[bool], golds: list[str]) -> Path:  # what eval-model writes
+        run = tmp_path / name
+        run.mkdir()
+        lines = [json.dumps({"gold": g, "adapter": "x", "adapter_exact": e}) for g, e in zip(golds, exact)]
+        (run / "predictions.jsonl").write_text("\n".join(lines) + "\n")
+        (run / "metrics.json").write_text(json.dumps({"results": {"adapter": {"token_f1": 0.25}}}))
+        return run
+
+    golds = [f"room {i}" for i in range(7)]
+    before = eval_model_run("before", [True, True, False, False, False, True, False], golds)
+    after = eval_model_run("after", [True, False, True, True, True, True, False], golds)
+    check = paired_exact(before, after)
+    assert (check.rows, check.both, check.only_before, check.only_after, check.neither) == (7, 2, 1, 3, 1)
+    assert check.exact_before == 3 / 7 and check.exact_after == 5 / 7
+    assert check.p_value == 2 * (1 + 4) / 2**4  # exact McNemar, two-sided, on 1 vs 3 discordant rows
+    assert check.token_f1_before == check.token_f1_after == 0.25
+    (tmp_path / "summary.json").write_text(json.dumps(dataclasses.asdict(check)))
+    assert SimulatorCheck.read(tmp_path / "summary.json") == check
+    assert "42.9% -> 71.4% on 7 rows" in check.line() and "only before 1, only after 3" in check.line()
+    table = check.table()
+    assert [row[-1] for row in table.rows] == ["1", "3"] and "p = 0.625" in table.note
+
+    other = eval_model_run("other", [True] * 7, [*golds[:6], "room 99"])
+    with pytest.raises(StageFailed, match="scored different rows"):
+        paired_exact(before, other)
+
+
+def test_simulator_check_is_skipped_without_before_and_refuses_another_prompt_layout(tmp_path, monkeypatch) -> None:
+    from simplan.inference.flywheel import Flywheel, FlywheelConfig
+
+    monkeypatch.chdir(REPO)
+    old = tmp_path / "old-simulator"
+    old.mkdir()
+    (old / "prompt_settings.json").write_text(json.dumps({"format": "conversation", "budget": 640}))
+    keys = {"data": ["d.jsonl"], "decider": "d", "simulator": str(old), "harvest_suite": "toy-train"}
+    keys |= {"model": "tiny-llama", "out": str(tmp_path / "round")}
+    stage = Flywheel(FlywheelConfig(**keys)).stage("simulator-check")
+    assert stage.run().startswith("skipped (no `before` eval run") and not stage.outputs
+    flywheel = Flywheel(FlywheelConfig(**keys, before="runs/nowhere", build={"max_prompt_tokens": 384}))
+    with pytest.raises(ValueError, match=r"budget: 640 there, 384 here.*set the round's `build` keys"):
+        flywheel.stage("simulator-check")
+    assert Flywheel(FlywheelConfig(**keys, before="runs/nowhere", build={"max_prompt_tokens": 640})).stage(
+        "simulator-check"
+    ).config["contents"] == {"runs/nowhere": "missing"}
+    with pytest.raises(ValueError, match=r"simulator_check: \['adapter'\] are set by the flywheel"):
+        FlywheelConfig(**keys, simulator_check={"adapter": "x"})
 
 
 def test_flywheel_toy_recipe_configures_every_stage(monkeypatch) -> None:
@@ -316,5 +414,8 @@ def test_flywheel_toy_recipe_configures_every_stage(monkeypatch) -> None:
     assert "--suite toy-train" in stages["harvest"].command and cfg.decider in stages["harvest"].command
     assert stages["harvest"].depends == ["model"]  # the harvest plays the current adapters on the base model
     assert stages["traces"].depends == ["harvest"] and stages["build-decider"].depends == ["traces", "model"]
+    assert f"--dataset {cfg.out}/simulator-check/dataset" in stages["simulator-check"].command
+    assert f"--adapter {cfg.simulator}" in stages["simulator-check"].command  # the old simulator, then the new
+    assert stages["report"].depends == ["eval", "simulator-check"]
     with pytest.raises(ValueError, match="decider: required"):
         FlywheelConfig(data=["x.jsonl"], simulator="s", harvest_suite="toy-train")
