@@ -58,6 +58,7 @@ from simplan.data.trajectory import STEP_SOURCES, Trajectory
 from simplan.data.validate import read_trajectory_lines
 from simplan.envs.base import FOLDS
 from simplan.envs.registry import resolve
+from simplan.scripts.config import comma_list
 
 DECIDER_SOURCES = ("expert", "recovery")
 DEFAULT_MAX_COMPLETION = {"decider": 128, "simulator": 384}
@@ -151,8 +152,7 @@ class BuildConfig:
             raise ValueError(f"role: {self.role!r} is not one of {ROLES}")
         if self.format not in FORMATS:
             raise ValueError(f"format: {self.format!r} is not one of {FORMATS}")
-        if isinstance(self.inputs, str):
-            self.inputs = [p for p in self.inputs.split(",") if p]
+        self.inputs = comma_list(self.inputs)
         if not self.inputs:
             raise ValueError("inputs: give at least one trajectory JSONL file (--inputs A.jsonl,B.jsonl)")
         if not self.out:

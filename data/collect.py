@@ -89,6 +89,7 @@ from simplan.data.trajectory import Step, Trajectory
 from simplan.envs import registry
 from simplan.envs.base import FOLDS, Action, Env, Observation, StepResult, Task, expert_policy
 from simplan.envs.registry import make_env
+from simplan.scripts.config import comma_list
 
 POLICIES: tuple[str, ...] = ("expert", "noisy_expert", "random")
 
@@ -151,10 +152,9 @@ class CollectConfig:
     progress: bool = field(default=True, metadata={"help": "show a progress bar"})
 
     def __post_init__(self) -> None:
-        if isinstance(self.policies, str):
-            self.policies = [p for p in self.policies.split(",") if p]
-        if isinstance(self.families, str):
-            self.families = [f for f in self.families.split(",") if f]
+        self.policies = comma_list(self.policies)
+        if self.families is not None:
+            self.families = comma_list(self.families)
         if not self.env:
             raise ValueError("env: give a registered environment name (see `simplan envs list`)")
         if self.fold not in FOLDS:

@@ -56,6 +56,7 @@ from simplan.envs.registry import make_env
 from simplan.inference.losses import classify_loss
 from simplan.inference.oracle import NOT_EXECUTED_FAULTS
 from simplan.inference.trace import ActEvent, EpisodeTrace, normalize_text, read_traces, redundant_steps
+from simplan.scripts.config import comma_list
 
 TRACES = "traces.jsonl"
 EVAL_CONFIG = "eval_config.json"
@@ -83,10 +84,9 @@ class TracesConfig:
     )
 
     def __post_init__(self) -> None:
-        if isinstance(self.runs, str):
-            self.runs = [r for r in self.runs.split(",") if r]
-        if isinstance(self.arms, str):
-            self.arms = [a for a in self.arms.split(",") if a]
+        self.runs = comma_list(self.runs)
+        if self.arms is not None:
+            self.arms = comma_list(self.arms)
         if not self.runs:
             raise ValueError("runs: give at least one eval run folder or trace file (--runs runs/eval/NAME)")
         if not self.out:

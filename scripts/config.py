@@ -67,9 +67,19 @@ def _add_field(parser: argparse.ArgumentParser, f: dataclasses.Field, hints: dic
     parser.add_argument(*flags, **kwargs)
 
 
+def comma_list(value: str | list[str]) -> list[str]:
+    """A list setting given as one comma-separated string (a recipe's `policies: expert,random`, a Python caller's
+    "a,b") as the list it names; a list is returned as it is. Empty items are dropped ("a,,b," -> ["a", "b"]) and
+    items are not stripped, exactly as `--flag a,b` is read on the command line: one rule wherever a list is written.
+    """
+    if isinstance(value, str):
+        return [item for item in value.split(",") if item]
+    return value
+
+
 def _list_parser(inner: Any):
     def parse(v: str) -> list:
-        return [inner(x) for x in v.split(",") if x != ""]
+        return [inner(x) for x in comma_list(v)]
 
     return parse
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from simplan.scripts.config import parse_config
+from simplan.scripts.config import comma_list, parse_config
 
 
 @dataclass
@@ -45,3 +45,26 @@ def test_unknown_key_and_bad_value_are_clear_errors(tmp_path, capsys):
     with pytest.raises(SystemExit):
         parse_config([Alpha, Beta], ["--lr", "-1"])
     assert "lr: must be > 0, got -1.0" in capsys.readouterr().err
+
+
+def test_a_comma_string_is_the_same_list_in_a_recipe_a_python_call_and_on_the_command_line(tmp_path):
+    from simplan.data.build import BuildConfig
+    from simplan.data.collect import CollectConfig
+    from simplan.inference.harvest import TracesConfig
+
+    assert comma_list("a,,b,") == ["a", "b"] and comma_list("") == []  # empty items dropped
+    assert comma_list("a, b") == ["a", " b"]  # not stripped, as the command line reads `--flag "a, b"`
+    assert comma_list(["x,y"]) == ["x,y"]  # a list is already the list
+    collect = CollectConfig(env="toy", policies="expert,,noisy_expert", families="a,b,")
+    assert collect.policies == ["expert", "noisy_expert"] and collect.families == ["a", "b"]
+    assert CollectConfig(env="toy").families is None  # unset stays unset (all families)
+    assert BuildConfig(inputs="a.jsonl,b.jsonl,", out="x").inputs == ["a.jsonl", "b.jsonl"]
+    traces = TracesConfig(runs="r1,,r2", arms="reactive,simplan", out="t.jsonl")
+    assert traces.runs == ["r1", "r2"] and traces.arms == ["reactive", "simplan"]
+    assert TracesConfig(runs="r1", out="t.jsonl").arms is None  # every arm
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("inputs: a.jsonl,b.jsonl,\nout: x\n")  # a YAML string, split by the config itself
+    (from_recipe,) = parse_config([BuildConfig], ["--config", str(recipe)])
+    (from_flags,) = parse_config([BuildConfig], ["--inputs", "a.jsonl,b.jsonl,", "--out", "x"])
+    assert from_recipe.inputs == from_flags.inputs == ["a.jsonl", "b.jsonl"]
