@@ -291,14 +291,15 @@ def engine_info(cfg: EngineConfig) -> dict[str, str]:
 
 
 def run_eval(eval_cfg: EvalConfig, engine_cfg: EngineConfig) -> str:
-    from simplan.inference.engines import engine_from_config
+    from simplan.inference.engines import engine_from_config, is_merged
     from simplan.inference.evaluate import check_unlocked, evaluate
 
     check_unlocked(Path(eval_cfg.out))  # before minutes of engine loading; evaluate() holds the lock
     print(f"eval: loading engine {engine_cfg.engine} {engine_cfg.model}", flush=True)
     engine = engine_from_config(engine_cfg)
+    info = {**engine_info(engine_cfg), "merge_adapters": is_merged(engine)}  # as `simplan eval` records it
     try:
-        outcome = evaluate(eval_cfg, engine, concurrency=engine_cfg.concurrency, engine_info=engine_info(engine_cfg))
+        outcome = evaluate(eval_cfg, engine, concurrency=engine_cfg.concurrency, engine_info=info)
     finally:
         engine.close()
     print(
@@ -527,15 +528,23 @@ class Pipeline:
         return self.eval_stage("eval", self.cfg.suite, self.cfg.arms, adapters, ["train-decider", "train-simulator"])
 
     def eval_stage(
-        self, name: str, suite: str, arms: list[str], adapters: dict[str, Path], depends: list[str]
+        self,
+        name: str,
+        suite: str,
+        arms: list[str],
+        adapters: dict[str, Path],
+        depends: list[str],
+        eval_keys: dict[str, Any] | None = None,
     ) -> Stage:
-        """An evaluation of `adapters` on `suite` into out/NAME, with the pipeline's eval and engine keys."""
+        """An evaluation of `adapters` on `suite` into out/NAME, with the pipeline's eval and engine keys
+        (`eval_keys` over the eval keys: the flywheel's harvest plays every task of its suite)."""
         cfg = self.cfg
         out = self.out / name
         values = {
             "suite": suite,
             "arms": arms,
             **cfg.eval,
+            **(eval_keys or {}),
             **cfg.engine,
             "model": self._model(),
             "adapters": ",".join(f"{role}={path}" for role, path in adapters.items()),

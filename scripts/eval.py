@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 
 from simplan.envs.registry import UnknownEnvError
-from simplan.inference.engines import EngineConfig, engine_from_config
+from simplan.inference.engines import EngineConfig, engine_from_config, is_merged
 from simplan.inference.engines.config import MODEL_FREE_KINDS
 from simplan.inference.evaluate import EvalConfig, FolderLockedError, check_unlocked, evaluate
 from simplan.inference.report import arms_table, load_run_data
@@ -50,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"eval: loading engine {engine_cfg.engine} {engine_cfg.model} {engine_cfg.adapters}", flush=True)
     engine = engine_from_config(engine_cfg)
+    engine_info["merge_adapters"] = is_merged(engine)  # what `auto` chose, recorded with each invocation
     try:
         outcome = evaluate(eval_cfg, engine, concurrency=engine_cfg.concurrency, engine_info=engine_info)
     except (ValueError, FileNotFoundError, FolderLockedError, UnknownEnvError, ImportError) as e:

@@ -4,7 +4,8 @@ Servers started by tests (inference/serve.py `start_server`) run in their own pr
 killed pytest would leave them running: SIGTERM and SIGHUP are turned into KeyboardInterrupt (the
 test's `with start_server(...)` then stops its server, as on Ctrl-C), and every server still
 running when pytest finishes is stopped. `shop_on_path` puts the example plugin env
-(examples/simplan-shop, `simplan_shop.env:ShopEnv`) on sys.path without installing it.
+(examples/simplan-shop, `simplan_shop.env:ShopEnv`) on sys.path without installing it. Merged models
+(engines merge by default on the CPU) go to a session tmp folder ($SIMPLAN_MERGE_CACHE), not the user's cache.
 """
 
 from __future__ import annotations
@@ -43,6 +44,19 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         serve.stop_all_servers()
     for sig, handler in _previous_handlers.items():
         signal.signal(sig, handler)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def merge_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Merged models (inference/engines/merged.py) go to a session tmp folder, not the user's cache: engines
+    built from an EngineConfig merge by default on the CPU (merge_adapters auto). Set in os.environ, so the
+    commands tests run in subprocesses inherit it; $SIMPLAN_CACHE stays, for the converted base models."""
+    from simplan.inference.engines.merged import MERGE_CACHE_ENV
+
+    folder = tmp_path_factory.mktemp("merge-cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(MERGE_CACHE_ENV, str(folder))
+        yield folder
 
 
 SHOP_PACKAGE = Path(__file__).resolve().parents[1] / "examples" / "simplan-shop"

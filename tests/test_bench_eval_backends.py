@@ -29,7 +29,7 @@ def tiny_adapters(tmp_path_factory) -> tuple[str, str]:
 
 def test_hf_configs_run_both_arms_and_report_trace_numbers(tiny_adapters, tmp_path, monkeypatch) -> None:
     monkeypatch.syspath_prepend(str(BENCH))
-    monkeypatch.setenv("SIMPLAN_CACHE", str(tmp_path / "cache"))  # the merged copies go here, not the user's cache
+    monkeypatch.setenv("SIMPLAN_MERGE_CACHE", str(tmp_path / "merged"))  # a fresh merge cache: merge_s is measured
     import bench_eval_backends
 
     base, adapters = tiny_adapters

@@ -160,6 +160,7 @@ def test_make_engine_merges_and_keeps_the_original_adapter_dirs(tiny, tmp_path, 
 
     base, adapters = tiny
     monkeypatch.setenv("SIMPLAN_CACHE", str(tmp_path))
+    monkeypatch.delenv("SIMPLAN_MERGE_CACHE")  # conftest's session merge cache: here the default root is tested
     engine = make_engine("hf", base, adapters, dtype="float32", threads=1, merge_adapters=True)
     try:
         assert isinstance(engine, MergedEngine)

@@ -257,6 +257,7 @@ def test_the_engine_option_reaches_the_hf_backend(tiny):
             adapters=f"decider={adapters['decider']}",
             dtype="float32",
             prefix_cache_sessions=3,
+            merge_adapters=False,  # the multi-LoRA engine's own prefix cache (auto would merge on the CPU)
         )
     )
     assert eng.prefixes is not None and eng.prefixes.sessions == 3

@@ -4,6 +4,7 @@
     engine = make_engine("hf", "smollm2-135m-instruct", {"decider": "runs/decider", "simulator": "runs/sim"})
     engine = make_engine("vllm", model, adapters, dtype="bfloat16", kv_cache_gib=2)
     engine = make_engine("vllm", model, adapters, merge_adapters=True)   # one merged model per adapter, no LoRA
+    engine = engine_from_config(cfg)   # cfg: EngineConfig; merge_adapters "auto" merges on the CPU (resolve_merge)
     engine = make_engine("openai", model, adapters, base_url="http://127.0.0.1:8000/v1")   # simplan serve
 
 Backends import their heavy dependencies lazily, so importing this package is cheap. Measured on
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from simplan.inference.engine import Engine
-from simplan.inference.engines.config import KINDS, MODEL_FREE_KINDS, EngineConfig, parse_adapters
+from simplan.inference.engines.config import KINDS, MODEL_FREE_KINDS, EngineConfig, parse_adapters, resolve_merge
 
 # Options each backend accepts (make_engine rejects others by name instead of ignoring them).
 OPTIONS: dict[str, tuple[str, ...]] = {
@@ -46,7 +47,8 @@ def make_engine(
 
     `adapters` is {name: folder}, or "name=DIR,name=DIR"; the openai backend only needs the served names
     (a list of names is enough there). `merge_adapters=True` (hf, vllm) serves each adapter from its own
-    merged copy of the base instead of through LoRA (inference/engines/merged.py).
+    merged copy of the base instead of through LoRA (inference/engines/merged.py); this library call
+    never merges unless asked, while EngineConfig's default `auto` decides by platform (engine_from_config).
     """
     if kind not in KINDS:
         raise ValueError(f"engine kind {kind!r} is not one of {', '.join(KINDS)}")
@@ -86,7 +88,28 @@ def make_engine(
 def engine_from_config(cfg: EngineConfig) -> Engine:
     """make_engine from an EngineConfig (the flags/YAML keys of `simplan run` and `simplan eval`)."""
     values = {k: getattr(cfg, k) for k in OPTIONS[cfg.engine] if hasattr(cfg, k)}
+    if "merge_adapters" in values:  # hf, vllm: `auto` is decided here, where the platform is known
+        choice = resolve_merge(cfg)
+        if cfg.adapters:
+            print(choice.line(), flush=True)
+        values["merge_adapters"] = choice.merge
     return make_engine(cfg.engine, cfg.model, cfg.adapters, **values)
 
 
-__all__ = ["EngineConfig", "KINDS", "OPTIONS", "engine_from_config", "make_engine", "parse_adapters"]
+def is_merged(engine: Engine) -> bool:
+    """Whether `engine` serves its adapters from merged copies of the base (what an eval records of it)."""
+    from simplan.inference.engines.merged import MergedEngine
+
+    return isinstance(engine, MergedEngine)
+
+
+__all__ = [
+    "EngineConfig",
+    "KINDS",
+    "OPTIONS",
+    "engine_from_config",
+    "is_merged",
+    "make_engine",
+    "parse_adapters",
+    "resolve_merge",
+]

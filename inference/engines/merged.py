@@ -18,13 +18,16 @@ What works (tested in tests/test_merged.py): kind "hf" (greedy tokens identical 
 engine in float32) and kind "vllm" (one in-process `vllm.LLM`, with its own engine-core process and
 KV cache of `kv_cache_gib`, per model). `simplan serve` has no merged mode: serve each merged folder
 (`merged_model(...)`) with its own server instead. Multi-LoRA stays the choice for GPUs and large
-models, where a copy of the base per adapter costs memory and LoRA costs little time.
+models, where a copy of the base per adapter costs memory and LoRA costs little time: EngineConfig's
+default `merge_adapters: auto` merges on the CPU only (config.py resolve_merge), while `make_engine`
+merges only when asked. Merges go to $SIMPLAN_MERGE_CACHE, else `merged/` in simplan's cache.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 import shutil
 from collections import defaultdict
 from pathlib import Path
@@ -44,6 +47,7 @@ from simplan.inference.engines.common import account, check_adapter, timer
 BACKEND = "merged"
 MERGED_KINDS = ("hf", "vllm")
 MANIFEST = "simplan_merged.json"  # written last: a folder with it is complete
+MERGE_CACHE_ENV = "SIMPLAN_MERGE_CACHE"
 
 
 def folder_hash(folder: str | Path) -> str:
@@ -61,8 +65,6 @@ def folder_hash(folder: str | Path) -> str:
 
 def merged_folder(base_path: str, adapter_dir: str, cache: str | Path | None = None) -> Path:
     """Where the merge of `adapter_dir` into `base_path` lives: keyed by both folders' content hash."""
-    from simplan.training.models import cache_dir
-
     base, adapter = Path(base_path), Path(adapter_dir)
     if not base.is_dir():
         raise ValueError(
@@ -70,8 +72,21 @@ def merged_folder(base_path: str, adapter_dir: str, cache: str | Path | None = N
             "(give a registry name or a folder, or download the hub model first)"
         )
     key = hashlib.sha256(f"{folder_hash(base)}\n{folder_hash(adapter)}".encode()).hexdigest()[:16]
-    root = Path(cache) if cache is not None else cache_dir() / "merged"
+    root = Path(cache) if cache is not None else merge_cache()
     return root / f"{base.name}-{adapter.resolve().name}-{key}"
+
+
+def merge_cache() -> Path:
+    """Where merged models go by default: $SIMPLAN_MERGE_CACHE, else `merged/` in simplan's cache.
+
+    A variable of its own (not $SIMPLAN_CACHE, which also finds the converted base models) lets tests
+    and scratch runs keep their merges out of the user's cache while still using the cached base model.
+    """
+    from simplan.training.models import cache_dir
+
+    if os.environ.get(MERGE_CACHE_ENV):
+        return Path(os.environ[MERGE_CACHE_ENV]).expanduser()
+    return cache_dir() / "merged"
 
 
 def merged_model(base_path: str, adapter_dir: str, cache: str | Path | None = None) -> Path:
