@@ -128,6 +128,13 @@ class FlywheelConfig:
     harvest_arms: list[str] = field(
         default_factory=lambda: ["simplan"], metadata=_help("arms that play the harvest suite")
     )
+    harvest_eval: dict = field(
+        default_factory=dict,
+        metadata=_help(
+            "EvalConfig keys of the harvest only, over `eval` (e.g. '{episodes: 0, max_steps: 0}': every task "
+            "of harvest_suite under its own step caps, where `eval` sizes the dev suite)"
+        ),
+    )
     eval_runs: list[str] = field(
         default_factory=list, metadata=_help("more eval run folders (or trace files) to harvest")
     )
@@ -171,6 +178,9 @@ class FlywheelConfig:
         clash = sorted(set(self.traces) & {"runs", "out"})
         if clash:
             raise ValueError(f"traces: {clash} are set by the flywheel itself; remove them")
+        clash = sorted(set(self.harvest_eval) & {"out", "engine", "model", "adapters", "suite", "arms"})
+        if clash:
+            raise ValueError(f"harvest_eval: {clash} are set by the flywheel itself (harvest_suite, harvest_arms)")
         clash = sorted(set(self.simulator_check) & set(CHECK_SETS))
         if clash:
             raise ValueError(f"simulator_check: {clash} are set by the flywheel itself; remove them")
@@ -357,7 +367,7 @@ class Flywheel(Pipeline):
         if not cfg.harvest_suite:
             return Stage("harvest", "(no harvest_suite: nothing to run)", {}, [], lambda: "skipped")
         adapters = {"decider": Path(cfg.decider), "simulator": Path(cfg.simulator)}
-        return self.eval_stage("harvest", cfg.harvest_suite, cfg.harvest_arms, adapters, [])
+        return self.eval_stage("harvest", cfg.harvest_suite, cfg.harvest_arms, adapters, [], cfg.harvest_eval)
 
     def harvested(self) -> list[str]:
         return ([str(self.out / "harvest")] if self.cfg.harvest_suite else []) + list(self.cfg.eval_runs)

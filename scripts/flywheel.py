@@ -6,9 +6,10 @@
         --harvest_suite twx-train-small --suite twx-dev --before runs/eval/twx-dev --out runs/flywheel/r1
 
 Stages: model, harvest, traces, build-decider, build-simulator, train-decider, train-simulator, eval,
-report (`simplan.inference.flywheel` describes them); each prints the `simplan` command that runs it
-alone, finished stages are reused and `--force` / `--stages` work as in `simplan pipeline`. Exit
-status: 0 when every stage finished, 1 when one failed or a configuration is bad, 130 when interrupted.
+simulator-check (the old and the new simulator, paired, on `--before`'s states), report
+(`simplan.inference.flywheel` describes them); each prints the `simplan` command that runs it alone,
+finished stages are reused and `--force` / `--stages` work as in `simplan pipeline`. Exit status: 0
+when every stage finished, 1 when one failed or a configuration is bad, 130 when interrupted.
 """
 
 from __future__ import annotations

@@ -292,7 +292,7 @@ def _tiny_adapter(out: Path, seed: int) -> Path:
 
 
 def test_flywheel_round_converts_merges_and_rebuilds(tmp_path, monkeypatch) -> None:
-    from simplan.inference.flywheel import Flywheel, FlywheelConfig, SimulatorCheck
+    from simplan.inference.flywheel import Flywheel, FlywheelConfig, SimulatorCheck, run_report
     from simplan.inference.paired import mcnemar_exact
 
     monkeypatch.chdir(REPO)
@@ -348,6 +348,10 @@ def test_flywheel_round_converts_merges_and_rebuilds(tmp_path, monkeypatch) -> N
     outputs = [[r["adapter"] for r in _records(out / name / "predictions.jsonl")] for name in ("before", "after")]
     assert outputs[0] != outputs[1]  # each adapter decoded its own predictions
     assert result == check.line() and check.line() in flywheel.summary()
+    run_report([before], tmp_path / "report", "round", out / "summary.json")
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert "### Simulator on the agent's own dev states (paired)" in report
+    assert f"| after the round | {check.rows} | " in report
 
 
 def test_simulator_check_pairs_rows_and_counts_the_discordant_ones(tmp_path) -> None:
@@ -419,3 +423,29 @@ def test_flywheel_toy_recipe_configures_every_stage(monkeypatch) -> None:
     assert stages["report"].depends == ["eval", "simulator-check"]
     with pytest.raises(ValueError, match="decider: required"):
         FlywheelConfig(data=["x.jsonl"], simulator="s", harvest_suite="toy-train")
+
+
+def test_flywheel_twx_recipe_continues_the_demo(monkeypatch) -> None:
+    from simplan.inference.flywheel import FLYWHEEL_STAGES, Flywheel, FlywheelConfig
+    from simplan.inference.pipeline import Pipeline, PipelineConfig
+    from simplan.scripts.config import load_configs
+
+    monkeypatch.chdir(REPO)
+    (demo_cfg,) = load_configs([PipelineConfig], "recipes/pipeline/twx-smollm2.yaml")
+    (cfg,) = load_configs([FlywheelConfig], "recipes/pipeline/flywheel-twx.yaml")
+    demo, flywheel = Pipeline(demo_cfg), Flywheel(cfg)
+    # the demo's outputs, by the pipeline's own paths
+    assert cfg.data == [str(demo.data("train")), str(demo.data("dev"))] and cfg.before == str(demo.out / "eval")
+    assert (cfg.decider, cfg.simulator) == tuple(str(demo.train_dir(r) / "adapter") for r in ("decider", "simulator"))
+    # the demo's eval, engine, model and prompt window; 40 more steps with its other train keys
+    for key in ("eval", "engine", "model", "build", "suite", "decider_recipe", "simulator_recipe"):
+        assert getattr(cfg, key) == getattr(demo_cfg, key), key
+    assert cfg.arms == ["reactive", "simplan"]
+    assert cfg.train["max_steps"] == 40 and set(cfg.train) == set(demo_cfg.train)
+    assert set(cfg.estimates) == set(FLYWHEEL_STAGES)
+    assert flywheel._expected(list(FLYWHEEL_STAGES), list(FLYWHEEL_STAGES)) == list(FLYWHEEL_STAGES)  # all hash
+    harvest = flywheel.stage("harvest").command
+    assert "--suite twx-train-small" in harvest and "--episodes 0 --max_steps 0" in harvest  # all 32 tasks, own caps
+    assert "--episodes 1 --max_steps 25" in flywheel.stage("eval").command
+    check = flywheel.stage("simulator-check").command
+    assert f"--runs {cfg.before}" in check and "--max_prompt_tokens 640" in check and "--limit 120" in check
