@@ -37,10 +37,10 @@ The simulator check answers "does the simulator predict better where the agent r
 states of `before` (the old adapters on the dev suite) are exactly what the agent meets, which the
 collected dev data is not. Both adapters see the same rows (same dataset, fold and `limit`), built
 with the prompt settings they were trained with (the round's `build` keys, checked against each
-adapter's prompt_settings.json), decoded greedily as `simplan eval-model` does; a row counts as
-exact under eval-model's rule. summary.json holds the rows, exact before and after, the rows right
-only before / only after (and both, neither), the exact McNemar p-value on those discordant rows
-(inference/paired.py) and eval-model's token F1 of each.
+adapter's prompt_settings.json; identical windows once), decoded greedily as `simplan eval-model`
+does; a row counts as exact under eval-model's rule. summary.json holds the rows, exact before and
+after, the rows right only before / only after (and both, neither), the exact McNemar p-value on
+those discordant rows (inference/paired.py) and eval-model's token F1 of each.
 """
 
 from __future__ import annotations
@@ -411,6 +411,7 @@ class Flywheel(Pipeline):
             "model": self._model(),
             **cfg.build,
             "role": "simulator",
+            "dedupe": True,  # arms that walked the same way repeat a window: counted twice it is no new evidence
             "out": str(out / "dataset"),
         }
         (build_cfg,) = load_configs([BuildConfig], None, build_values, "flywheel key build")
