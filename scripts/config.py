@@ -52,6 +52,8 @@ def _add_field(parser: argparse.ArgumentParser, f: dataclasses.Field, hints: dic
     origin = typing.get_origin(tp)
     if tp is bool:
         kwargs.update(type=_str2bool, nargs="?", const=True, metavar="BOOL")
+    elif bool in typing.get_args(hints[f.name]):  # `bool | str` (e.g. auto|true|false): a bare flag still means true
+        kwargs.update(type=str, nargs="?", const="true", metavar="VALUE")
     elif origin in (list, tuple):
         (inner,) = typing.get_args(tp)[:1] or (str,)
         kwargs.update(type=_list_parser(inner), metavar="A,B,...")

@@ -130,6 +130,10 @@ def test_recipes_and_flags_give_the_same_values_and_keep_stage_hashes(tmp_path):
     assert from_yaml.merge_adapters is True and changed_fields(from_yaml) == {"merge_adapters": True}
     (from_flag,) = parse_config([EngineConfig], ["--config", str(recipe), "--merge_adapters", "false"])
     assert from_flag.merge_adapters is False
+    (bare,) = parse_config([EngineConfig], ["--merge_adapters"])  # a bare flag means true, as for a plain bool
+    assert bare.merge_adapters is True
+    (word,) = parse_config([EngineConfig], ["--merge-adapters", "auto"])
+    assert word.merge_adapters == "auto"
     (default,) = parse_config([EngineConfig], [])
     assert default.merge_adapters == "auto" and "merge_adapters" not in changed_fields(default)
 
