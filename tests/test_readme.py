@@ -233,7 +233,11 @@ RULE_TABLE: dict[str, Rule] = {
     "simplan flywheel --config recipes/pipeline/flywheel-toy.yaml": Rule(
         add=flags({"train": TINY_TRAINING, "eval": TINY_EVAL, "engine": {**TINY_ENGINE, "engine": "hf"}}),
         says=("traces",),
-        outputs=("runs/flywheel/toy-tiny-1/report/report.html", "runs/flywheel/toy-tiny-1/train/decider/adapter/"),
+        outputs=(
+            "runs/flywheel/toy-tiny-1/report/report.html",
+            "runs/flywheel/toy-tiny-1/train/decider/adapter/",
+            "runs/flywheel/toy-tiny-1/simulator-check/summary.json",
+        ),
     ),
     "simplan traces --runs runs/pipeline/toy-tiny/eval --out runs/data/toy-traces.jsonl": Rule(
         outputs=("runs/data/toy-traces.jsonl",)
