@@ -12,7 +12,8 @@ base model served under the name given in --model, and the same CPU settings as 
 backend (inference/engines/config.py). The server runs in its own process group so Ctrl-C reaches
 it once, through us, and every child it spawned is stopped with it; servers still running when the
 Python process exits are stopped by `stop_all_servers` (registered with atexit; test fixtures call
-it on interrupt too).
+it on interrupt too). `start_server` turns SIGTERM and SIGHUP into SystemExit where they still have
+their default action (inference/termination.py), so a terminated caller reaches that atexit too.
 
 With an API key, every endpoint needs it (inference/serve_auth.py: vLLM's own --api-key leaves
 /invocations, /tokenize, /metrics and /health open), /health included, so our health check sends
@@ -37,6 +38,7 @@ from typing import IO, Any
 from simplan.inference.engines.config import parse_adapters, vllm_cpu_env, vllm_lora_rank
 from simplan.inference.serve_auth import IMPORT_PATH as AUTH_MIDDLEWARE
 from simplan.inference.serve_auth import KEY_ENV
+from simplan.inference.termination import exit_on_termination
 
 LOOPBACK_NAMES = ("localhost", "ip6-localhost")
 
@@ -214,9 +216,9 @@ class ServerHandle:
 def stop_all_servers(timeout: float = 5.0) -> int:
     """Stop every server this process started and has not stopped; returns how many were running.
 
-    Runs at interpreter exit (atexit), which also covers an uncaught Ctrl-C; a SIGTERM kills Python
-    without atexit, so callers that can be terminated (pytest: tests/conftest.py) turn SIGTERM into
-    KeyboardInterrupt. The short timeout: whoever interrupted us is waiting.
+    Runs at interpreter exit (atexit), which also covers an uncaught Ctrl-C and, through the SystemExit
+    that `start_server` makes of them, SIGTERM and SIGHUP (their default action would skip atexit). The
+    short timeout: whoever interrupted us is waiting.
     """
     handles = list(_RUNNING)
     for handle in handles:
@@ -233,6 +235,8 @@ def start_server(
     """Start the server (output to `log_file`, else inherited) and, with `wait`, block until /health is OK."""
     from simplan.training.models import resolve_model
 
+    # The server runs in its own session, so nothing stops it but us: a terminated caller must reach atexit.
+    exit_on_termination()
     model_path = resolve_model(cfg.model)
     env = dict(os.environ)
     env.update(vllm_cpu_env(kv_cache_gib=cfg.kv_cache_gib, reserved_cpus=cfg.reserved_cpus, threads=cfg.threads))

