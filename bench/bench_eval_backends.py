@@ -17,7 +17,9 @@ success, wall_s (the evaluate call; engine start-up and merges are reported apar
 merge_s), episodes_per_hour = 3600 * episodes / wall_s, steps (real actions), decisions (decider calls from
 the real state), imagined_steps, prompt and prefilled tokens per decision / imagined step / real step
 (prefilled = not reused from the prefix cache; '-' where the traces cannot split a decision's tokens from its
-imagination's) and the cache hit share. The machine's load (os.getloadavg) before the first config and after
+imagination's), the same prefilled tokens split into context prefilled and scored candidate tokens (each valid
+action + EOS, in full; context prefilled = prefilled - candidates) per decision / imagined step / real step,
+and the cache hit share. The machine's load (os.getloadavg) before the first config and after
 the last goes into OUT/bench_eval_backends.json beside the rows; the table goes to OUT/bench_eval_backends.md
 and stdout. A config that fails to build or run is recorded with its error and the others still run.
 """
@@ -36,7 +38,7 @@ import yaml
 from bench_merged import CONFIGS, build  # this folder is on sys.path when a bench script runs
 
 ARMS = ("reactive", "simplan")
-COLUMNS = [  # (markdown header, row key or a pair of keys shown as "prompt / prefilled")
+COLUMNS = [  # (markdown header, row key or a pair of keys shown as "a / b")
     ("config", "config"),
     ("arm", "arm"),
     ("episodes", "episodes"),
@@ -49,6 +51,18 @@ COLUMNS = [  # (markdown header, row key or a pair of keys shown as "prompt / pr
     ("per decision: prompt / prefilled", ("prompt_per_decision", "prefilled_per_decision")),
     ("per imagined step: prompt / prefilled", ("prompt_per_imagined_step", "prefilled_per_imagined_step")),
     ("per real step: prompt / prefilled", ("prompt_per_real_step", "prefilled_per_real_step")),
+    (
+        "per decision: context prefilled / candidates",
+        ("context_prefilled_per_decision", "candidate_tokens_per_decision"),
+    ),
+    (
+        "per imagined step: context prefilled / candidates",
+        ("context_prefilled_per_imagined_step", "candidate_tokens_per_imagined_step"),
+    ),
+    (
+        "per real step: context prefilled / candidates",
+        ("context_prefilled_per_real_step", "candidate_tokens_per_real_step"),
+    ),
     ("cache hit share", "prompt_cache_share"),
     ("startup s", "startup_s"),
     ("merge s", "merge_s"),
@@ -87,9 +101,11 @@ def arm_row(out: Path, arm: str, wall: float) -> dict[str, Any]:
     if not metrics:
         raise RuntimeError(f"{out}: no finished episode of arm {arm!r} in traces.jsonl")
     m = metrics[0]
-    keys = ["decisions", "imagined_steps", "unsplit_decisions", "prompt_cache_share"]
+    keys = ["decisions", "imagined_steps", "unsplit_decisions", "uncounted_candidates", "prompt_cache_share"]
     keys += [f"{kind}_per_{unit}" for kind in ("prompt", "prefilled") for unit in ("decision", "imagined_step")]
     keys += ["prompt_per_real_step", "prefilled_per_real_step"]
+    kinds = ("context_prefilled", "candidate_tokens")
+    keys += [f"{kind}_per_{unit}" for kind in kinds for unit in ("decision", "imagined_step", "real_step")]
     return {
         "episodes": m.episodes,
         "successes": m.successes,

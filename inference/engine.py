@@ -264,10 +264,11 @@ def checked_scores(engine: Any, requests: list[ScoreRequest], results: list[Scor
 
 
 class MeteredEngine:
-    """An engine that counts the calls, tokens and seconds passing through it; scoring tokens count as
-    prompt tokens, and `cached_tokens` counts the prompt tokens the backend reused. The planner wraps the
-    (possibly shared) engine in one per episode, with the episode id as `session`: every request without
-    a session gets it, and `end_session()` frees the backend's state for it.
+    """An engine that counts the calls, tokens and seconds passing through it; scored candidates' tokens count
+    as prompt tokens, and of `prompt_tokens`, `candidate_tokens` are those (each candidate + EOS, in full)
+    and `cached_tokens` those the backend reused, so the context prefilled is prompt - cached - candidates.
+    The planner wraps the (possibly shared) engine in one per episode, with the episode id as `session`:
+    every request without a session gets it, and `end_session()` frees the backend's state for it.
 
     It is also the boundary where model output enters the planner: results are checked against the
     protocol (EngineContractError) and completion texts sanitized (`sanitize_text`, `max_text_chars`)."""
@@ -283,6 +284,7 @@ class MeteredEngine:
         self.calls = 0
         self.prompt_tokens = 0
         self.cached_tokens = 0
+        self.candidate_tokens = 0
         self.completion_tokens = 0
         self.seconds = 0.0
 
@@ -309,8 +311,10 @@ class MeteredEngine:
         self.seconds += time.perf_counter() - t0
         self.calls += 1
         results = checked_scores(self.engine, requests, results)
-        self.prompt_tokens += sum(r.prompt_tokens + sum(r.num_tokens) for r in results)
+        candidates = sum(sum(r.num_tokens) for r in results)
+        self.prompt_tokens += sum(r.prompt_tokens for r in results) + candidates
         self.cached_tokens += sum(r.cached_tokens for r in results)
+        self.candidate_tokens += candidates
         return results
 
     def _in_session(self, requests: list[Any]) -> list[Any]:

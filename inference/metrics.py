@@ -27,7 +27,8 @@ deduplicated by id (the first finished trace wins). Definitions:
                         (trace.EpisodeSummary): decisions with and without simulation, and their tokens
 
 Prompt tokens per step (`PromptAccount`, from the imagine events; prefilled = prompt - cached, the tokens
-the engine computed rather than reused from its prefix cache; scored candidates count as prompt tokens):
+the engine computed rather than reused from its prefix cache; scored candidates count as prompt tokens, so
+prefilled = context prefilled + candidate tokens):
     decisions           decider calls from the real state, one per imagine event (each is followed by a
                         real action; a committed plan's later actions need none)
     imagined_steps      simulated transitions: predictions in the imagined rollouts, cached ones included
@@ -35,11 +36,20 @@ the engine computed rather than reused from its prefix cache; scored candidates 
     prompt/prefilled_per_imagined_step  tokens of the rollouts' calls (simulator, and decider inside
                         imagination) / imagined steps
     prompt/prefilled_per_real_step      all the episode's prompt tokens / real actions
+    candidate_tokens_per_decision/imagined_step/real_step  the scored candidates' tokens (each valid action
+                        + EOS, in full, as the backend counts them: the hf engine computes a prefix shared
+                        by candidates once, so this overstates its work) of those calls / the same count
+    context_prefilled_per_decision/imagined_step/real_step  prompt - cached - candidate tokens of those
+                        calls / the same count: the context (goal, history, new observation) computed anew
     prompt_cache_share  cached / prompt tokens, all calls
 An imagine event records the decision's share of its tokens (decision_prompt_tokens); traces written
 before it was recorded split exactly only decisions that imagined nothing (the reactive arm, skipped
 simulation), and a group with any other such decision (`unsplit_decisions` > 0) reports the
-per-decision and per-imagined-step numbers as None rather than guess a split.
+per-decision and per-imagined-step numbers as None rather than guess a split. Likewise for the
+candidates' tokens (candidate_tokens, decision_candidate_tokens): a group with any imagine event written
+before they were recorded (`uncounted_candidates` > 0) reports the candidate and context numbers as None
+(unknown, not zero). Every engine call is made inside an imagine event, so the episode's candidate tokens
+are the sum over its imagine events (an episode that errored inside one misses that event's).
 """
 
 from __future__ import annotations
@@ -86,6 +96,9 @@ class PromptAccount:
     imagined_prompt: int = 0
     imagined_cached: int = 0
     unsplit_decisions: int = 0  # decisions that imagined: their tokens are in neither sum above
+    decision_candidates: int = 0  # of decision_prompt, the scored candidates' tokens
+    imagined_candidates: int = 0  # of imagined_prompt, the scored candidates' tokens
+    uncounted_candidates: int = 0  # decisions whose event did not record candidate tokens: in neither sum above
 
     def add(self, other: PromptAccount) -> None:
         for f in dataclasses.fields(self):
@@ -94,14 +107,25 @@ class PromptAccount:
 
 def imagine_account(e: ImagineEvent) -> PromptAccount:
     """One decision's tokens, split as the event records them; in older traces, all the decision's when nothing
-    was imagined (no rollout made a call), else unsplit."""
+    was imagined (no rollout made a call), else unsplit. Candidate tokens the event did not record are uncounted."""
     steps = sum(len(c.predicted) for c in e.candidates)
     if e.decision_prompt_tokens is not None:
         prompt, cached = e.decision_prompt_tokens, e.decision_cached_prompt_tokens or 0
-        return PromptAccount(1, prompt, cached, steps, e.prompt_tokens - prompt, e.cached_prompt_tokens - cached)
+        acc = PromptAccount(1, prompt, cached, steps, e.prompt_tokens - prompt, e.cached_prompt_tokens - cached)
+        if e.candidate_tokens is None or e.decision_candidate_tokens is None:
+            acc.uncounted_candidates = 1
+        else:
+            acc.decision_candidates = e.decision_candidate_tokens
+            acc.imagined_candidates = e.candidate_tokens - e.decision_candidate_tokens
+        return acc
     if steps == 0:  # no prediction: no simulator call, hence no decider call inside a rollout either
-        return PromptAccount(1, e.prompt_tokens, e.cached_prompt_tokens)
-    return PromptAccount(decisions=1, imagined_steps=steps, unsplit_decisions=1)
+        acc = PromptAccount(1, e.prompt_tokens, e.cached_prompt_tokens)
+        if e.candidate_tokens is None:
+            acc.uncounted_candidates = 1
+        else:
+            acc.decision_candidates = e.candidate_tokens
+        return acc
+    return PromptAccount(decisions=1, imagined_steps=steps, unsplit_decisions=1, uncounted_candidates=1)
 
 
 def prompt_account(trace: EpisodeTrace) -> PromptAccount:
@@ -208,6 +232,13 @@ class GroupMetrics:
     prefilled_per_imagined_step: float | None = None
     prompt_per_real_step: float | None = None
     prefilled_per_real_step: float | None = None
+    uncounted_candidates: int = 0
+    context_prefilled_per_decision: float | None = None
+    candidate_tokens_per_decision: float | None = None
+    context_prefilled_per_imagined_step: float | None = None
+    candidate_tokens_per_imagined_step: float | None = None
+    context_prefilled_per_real_step: float | None = None
+    candidate_tokens_per_real_step: float | None = None
     prompt_cache_share: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -285,15 +316,30 @@ def prompt_step_metrics(m: GroupMetrics, records: list[EpisodeRecord]) -> None:
     cached = sum(r.summary.cached_prompt_tokens for r in records)
     m.real_steps = sum(r.summary.steps for r in records)
     m.decisions, m.imagined_steps, m.unsplit_decisions = acc.decisions, acc.imagined_steps, acc.unsplit_decisions
+    m.uncounted_candidates = acc.uncounted_candidates
     m.prompt_per_real_step = _per(prompt, m.real_steps)
     m.prefilled_per_real_step = _per(prompt - cached, m.real_steps)
     m.prompt_cache_share = cached / prompt if prompt else None
+    counted = not acc.uncounted_candidates  # else the trace does not say which prompt tokens were candidates
+    if counted:
+        candidates = acc.decision_candidates + acc.imagined_candidates
+        m.candidate_tokens_per_real_step = _per(candidates, m.real_steps)
+        m.context_prefilled_per_real_step = _per(prompt - cached - candidates, m.real_steps)
     if acc.unsplit_decisions:
         return  # the trace does not say which of those decisions' tokens were imagination's
     m.prompt_per_decision = _per(acc.decision_prompt, acc.decisions)
     m.prefilled_per_decision = _per(acc.decision_prompt - acc.decision_cached, acc.decisions)
     m.prompt_per_imagined_step = _per(acc.imagined_prompt, acc.imagined_steps)
     m.prefilled_per_imagined_step = _per(acc.imagined_prompt - acc.imagined_cached, acc.imagined_steps)
+    if counted:
+        m.candidate_tokens_per_decision = _per(acc.decision_candidates, acc.decisions)
+        m.context_prefilled_per_decision = _per(
+            acc.decision_prompt - acc.decision_cached - acc.decision_candidates, acc.decisions
+        )
+        m.candidate_tokens_per_imagined_step = _per(acc.imagined_candidates, acc.imagined_steps)
+        m.context_prefilled_per_imagined_step = _per(
+            acc.imagined_prompt - acc.imagined_cached - acc.imagined_candidates, acc.imagined_steps
+        )
 
 
 ARM_ORDER = ("reactive", "plan", "simplan")

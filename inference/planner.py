@@ -697,11 +697,12 @@ class Planner:
         b = ep.budgets
         t0 = time.perf_counter()
         calls0, p0, c0 = ep.meter.calls, ep.meter.prompt_tokens, ep.meter.completion_tokens
-        cached0 = ep.meter.cached_tokens
+        cached0, cand0 = ep.meter.cached_tokens, ep.meter.candidate_tokens
         allowed = self._allowed(ep)
         root = self._prompt_state(ep, [], ep.obs.text, allowed)
         proposals, margin, how, fallback = self._propose(ep, root, allowed, b.k)
         decision_prompt, decision_cached = ep.meter.prompt_tokens - p0, ep.meter.cached_tokens - cached0
+        decision_candidates = ep.meter.candidate_tokens - cand0
         steps_left = b.max_steps - ep.steps
         verb = action_verb(render_action(proposals[0].action)) if proposals else ""
         route = self.router.route(b, margin, steps_left, ep.degraded, verb)
@@ -742,6 +743,8 @@ class Planner:
                 cached_prompt_tokens=m.cached_tokens - cached0,
                 decision_prompt_tokens=decision_prompt,
                 decision_cached_prompt_tokens=decision_cached,
+                candidate_tokens=m.candidate_tokens - cand0,
+                decision_candidate_tokens=decision_candidates,
                 completion_tokens=m.completion_tokens - c0,
                 cache_hits=hits,
                 simulator=self.config.simulator or "model",

@@ -198,6 +198,10 @@ def prompt_steps_table(runs: list[RunData]) -> Table:
                     tokens_pair(m.prompt_per_decision, m.prefilled_per_decision),
                     tokens_pair(m.prompt_per_imagined_step, m.prefilled_per_imagined_step),
                     tokens_pair(m.prompt_per_real_step, m.prefilled_per_real_step),
+                    num(m.context_prefilled_per_decision, 1),
+                    num(m.context_prefilled_per_imagined_step, 1),
+                    num(m.context_prefilled_per_real_step, 1),
+                    num(m.candidate_tokens_per_decision, 1),
                     pct(m.prompt_cache_share),
                 ]
             )
@@ -213,6 +217,10 @@ def prompt_steps_table(runs: list[RunData]) -> Table:
             "per decision: prompt / prefilled",
             "per imagined step: prompt / prefilled",
             "per real step, all calls: prompt / prefilled",
+            "context prefilled per decision",
+            "context prefilled per imagined step",
+            "context prefilled per real step",
+            "scored candidate tokens per decision",
             "cache hit share",
         ],
         rows,
@@ -221,7 +229,11 @@ def prompt_steps_table(runs: list[RunData]) -> Table:
         "a real action); an imagined step is one prediction in a rollout, its simulator call and the decider call "
         "after it. A decision is reactive when nothing was imagined for it (the reactive arm, a confident decider, "
         "or the selective router's choice). Where a trace does not split a decision's tokens from its rollouts', "
-        "the per-decision and per-imagined-step columns show '-' (the count of such decisions in brackets).",
+        "the per-decision and per-imagined-step columns show '-' (the count of such decisions in brackets). "
+        "Context prefilled = prefilled - scored candidate tokens: the prompt's context (goal, history, new "
+        "observation) the engine computed anew. Scored candidate tokens = each valid action the decider scored, "
+        "+ EOS, in full (the hf engine computes a prefix shared by candidates once, so this overstates its work); "
+        "they are the same in every prompt format. Traces written before candidates were counted show '-' there.",
     )
 
 

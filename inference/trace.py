@@ -116,6 +116,10 @@ class ImagineEvent(TraceEvent):
     # rollouts': simulator, and decider inside imagination); None in traces written before they were recorded.
     decision_prompt_tokens: int | None = None
     decision_cached_prompt_tokens: int | None = None
+    # Of prompt_tokens, the scored candidates' (each candidate + EOS, in full; context prefilled = prompt - cached
+    # - candidates): all the event's, and the decision's part; None in traces written before they were recorded.
+    candidate_tokens: int | None = None
+    decision_candidate_tokens: int | None = None
     completion_tokens: int = 0
     cache_hits: int = 0
     seconds: float = 0.0

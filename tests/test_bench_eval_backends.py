@@ -52,11 +52,18 @@ def test_hf_configs_run_both_arms_and_report_trace_numbers(tiny_adapters, tmp_pa
         assert row["episodes_per_hour"] == pytest.approx(3600 / seconds, rel=0.01)
         assert row["prompt_per_real_step"] == pytest.approx(m.prompt_per_real_step)
         assert row["prefilled_per_real_step"] <= row["prompt_per_real_step"]
+        for unit in ("decision", "imagined_step", "real_step"):  # prefilled = context prefilled + candidates
+            for kind in ("context_prefilled", "candidate_tokens"):
+                assert row[f"{kind}_per_{unit}"] == getattr(m, f"{kind}_per_{unit}")
+        split = row["context_prefilled_per_real_step"] + row["candidate_tokens_per_real_step"]
+        assert split == pytest.approx(row["prefilled_per_real_step"]) and row["uncounted_candidates"] == 0
         assert row["merge_s"] == 0.0 if config == "hf-lora" else row["merge_s"] > 0.0
     reactive = rows[("hf-lora", "reactive")]
     assert reactive["prompt_per_decision"] > 0 and reactive["imagined_steps"] == 0
+    assert reactive["candidate_tokens_per_decision"] > 0  # the decider scored the toy's valid actions
     if reactive["decisions"] > 1:  # later decisions reuse the episode's prefix (hf prefix cache)
         assert reactive["prompt_cache_share"] > 0
     md = (out / "bench_eval_backends.md").read_text()
     assert md.startswith("| config | arm | episodes |") and "| hf-merged | simplan | 1 |" in md
+    assert "| per decision: context prefilled / candidates |" in md
     assert "load average" in md

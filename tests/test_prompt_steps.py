@@ -1,5 +1,7 @@
 """Prompt tokens per decision, imagined step and real step (issue 16 (c)): hand-made traces against hand-computed
-values, the report's table and metrics.json, and a scripted toy run whose engine requests give the expected sums."""
+values, the report's table and metrics.json, and a scripted toy run whose engine requests give the expected sums;
+the split of prefilled tokens into context and scored candidates, exact on a scripted run and on the hf engine's
+prefix cache (a tiny random model), and unknown ('-') in traces written before candidates were counted."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from simplan.inference.trace import (
     EpisodeTrace,
     ImagineEvent,
     append_trace,
+    read_traces,
 )
 
 
@@ -95,9 +98,10 @@ def test_report_table_and_metrics_json(tmp_path) -> None:
     md = paths["md"].read_text()
     assert "### Prompt tokens per step" in md
     row = next(line for line in md.splitlines() if line.startswith("| run | reactive | 5 | 4 | 0 |"))
-    assert "| 140.0 / 80.0 | - | 112.0 / 64.0 | 42.9% |" in row
+    # written without candidate counts: context prefilled and candidate tokens are unknown, not zero
+    assert "| 140.0 / 80.0 | - | 112.0 / 64.0 | - | - | - | - | 42.9% |" in row
     row = next(line for line in md.splitlines() if line.startswith("| run | simplan | 3 | 2 (1 imagined) | 3 |"))
-    assert "| - | - | 183.3 / 73.3 | 60.0% |" in row
+    assert "| - | - | 183.3 / 73.3 | - | - | - | - | 60.0% |" in row
     data = json.loads(paths["json"].read_text())
     (only,) = data["runs"]
     arms = {a["arm"]: a for a in only["arms"]}
@@ -169,3 +173,155 @@ def test_recorded_split_of_an_imagining_decision() -> None:
     assert m.prefilled_per_decision == pytest.approx((150 + 20) / 2)
     assert m.prompt_per_imagined_step == pytest.approx(300 / 3)
     assert m.prefilled_per_imagined_step == pytest.approx((300 - 250) / 3)
+
+
+# ------------------------------------------------------------------------- context prefilled vs scored candidates
+def counted(e: ImagineEvent, candidates: int, decision_candidates: int | None = None) -> ImagineEvent:
+    """`e` as the planner now writes it: with its decision's split and its scored candidates' tokens."""
+    if e.decision_prompt_tokens is None:
+        e.decision_prompt_tokens, e.decision_cached_prompt_tokens = e.prompt_tokens, e.cached_prompt_tokens
+    e.candidate_tokens = candidates
+    e.decision_candidate_tokens = candidates if decision_candidates is None else decision_candidates
+    return e
+
+
+def test_context_and_candidate_tokens_match_hand_computed_values() -> None:
+    e = imagined(500, 300, [["o2", "o3"], ["o2"]])
+    e.decision_prompt_tokens, e.decision_cached_prompt_tokens = 200, 50
+    traces = [
+        # reactive: prompt 100 + 120 (cached 40 + 90), candidates 30 + 30; 3 real steps
+        episode("toy/a/reactive/0", "reactive", [counted(decided(100, 40), 30), counted(decided(120, 90), 30)], 3),
+        # simplan: decision 200 (50 cached, 40 candidates), rollouts 300 (250 cached, 10 candidates); then 50/30/20
+        episode("toy/a/simplan/0", "simplan", [counted(e, 50, 40), counted(decided(50, 30), 20)], 3),
+    ]
+    arms = {m.arm: m for m in aggregate(records_from_traces(traces))}
+    r = arms["reactive"]
+    assert r.uncounted_candidates == 0
+    assert r.candidate_tokens_per_decision == pytest.approx(60 / 2)
+    assert r.context_prefilled_per_decision == pytest.approx((220 - 130 - 60) / 2)  # 15
+    assert r.context_prefilled_per_decision + r.candidate_tokens_per_decision == pytest.approx(
+        r.prefilled_per_decision
+    )
+    assert r.candidate_tokens_per_real_step == pytest.approx(60 / 3)
+    assert r.context_prefilled_per_real_step == pytest.approx(30 / 3)
+    assert r.candidate_tokens_per_imagined_step is None and r.context_prefilled_per_imagined_step is None
+    s = arms["simplan"]
+    assert s.candidate_tokens_per_decision == pytest.approx((40 + 20) / 2)
+    assert s.context_prefilled_per_decision == pytest.approx((200 - 50 - 40 + 50 - 30 - 20) / 2)  # 55
+    assert s.candidate_tokens_per_imagined_step == pytest.approx(10 / 3)
+    assert s.context_prefilled_per_imagined_step == pytest.approx((300 - 250 - 10) / 3)
+    assert s.context_prefilled_per_real_step == pytest.approx((550 - 330 - 70) / 3)
+    acc = prompt_account(traces[1])
+    assert (acc.decision_candidates, acc.imagined_candidates, acc.uncounted_candidates) == (60, 10, 0)
+
+
+def test_one_event_without_candidate_counts_leaves_them_unknown() -> None:
+    t = episode("toy/a/reactive/0", "reactive", [counted(decided(100, 40), 30), decided(120, 90)], 2)
+    (m,) = aggregate(records_from_traces([t]))
+    assert m.uncounted_candidates == 1 and m.prefilled_per_decision == pytest.approx(45.0)
+    for unit in ("decision", "imagined_step", "real_step"):
+        assert getattr(m, f"candidate_tokens_per_{unit}") is None
+        assert getattr(m, f"context_prefilled_per_{unit}") is None
+
+
+def test_trace_written_before_the_candidate_fields_loads_and_reports_dashes(tmp_path) -> None:
+    run = tmp_path / "run"
+    append_trace(run / "traces.jsonl", episode("toy/a/reactive/0", "reactive", [counted(decided(100, 40), 30)], 1))
+    lines = [json.loads(line) for line in (run / "traces.jsonl").read_text().splitlines()]
+    for d in lines:  # as an older planner wrote it: no such keys at all
+        for key in ("candidate_tokens", "decision_candidate_tokens"):
+            d.pop(key, None)
+    (run / "traces.jsonl").write_text("".join(json.dumps(d) + "\n" for d in lines))
+    (m,) = aggregate(load_run(run))
+    (e,) = [e for t in read_traces(run / "traces.jsonl") for e in t.of_type("imagine")]
+    assert e.candidate_tokens is None and e.decision_candidate_tokens is None
+    assert m.prefilled_per_decision == pytest.approx(60.0) and m.candidate_tokens_per_decision is None
+    md = write_report([run], tmp_path / "report")["md"].read_text()
+    row = next(line for line in md.splitlines() if line.startswith("| run | reactive | 1 | 1 | 0 |"))
+    assert "| 100.0 / 60.0 | - | 100.0 / 60.0 | - | - | - | - | 40.0% |" in row
+
+
+def test_scripted_reactive_run_splits_context_from_candidates() -> None:
+    env = ToyEnv()
+    task = env.tasks("dev")[3]
+    oracle = ToyOracle(task)
+    engine = ScriptedEngine(oracle.decide, oracle.simulate, oracle.score)
+    cfg = PlannerConfig(arm="reactive", max_history=50, raise_errors=True)
+    result = Planner(engine, env, cfg).run(task)
+    imagines = result.trace.of_type("imagine")
+    requests = engine.requests()
+    assert len(imagines) == len(requests) > 1  # one scored decision per real step
+    for e, req in zip(imagines, requests):
+        candidates = sum(max(1, len(c.split())) for c in req.candidates)  # ScriptedEngine counts words
+        assert e.candidate_tokens == e.decision_candidate_tokens == candidates > 0
+        context = e.prompt_tokens - e.cached_prompt_tokens - e.candidate_tokens
+        assert context == max(1, len(last_user_content(req.messages, req.prompt).split()))  # nothing reused
+    (m,) = aggregate(records_from_traces([result.trace]))
+    total = sum(e.candidate_tokens for e in imagines)
+    assert m.candidate_tokens_per_decision == pytest.approx(total / m.decisions)
+    assert m.candidate_tokens_per_real_step == pytest.approx(total / m.real_steps)
+    assert m.context_prefilled_per_decision == pytest.approx(m.prefilled_per_decision - total / m.decisions)
+
+
+def test_scripted_simplan_rollouts_generate_so_imagined_steps_score_no_candidates() -> None:
+    env = ToyEnv()
+    task = env.tasks("dev")[3]
+    oracle = ToyOracle(task)
+    engine = ScriptedEngine(oracle.decide, oracle.simulate, oracle.score)
+    cfg = PlannerConfig(arm="simplan", adaptive=False, max_history=50, raise_errors=True)
+    result = Planner(engine, env, cfg).run(task)
+    (m,) = aggregate(records_from_traces([result.trace]))
+    scored = [r for kind, requests in engine.calls if kind == "score" for r in requests]
+    total = sum(max(1, len(c.split())) for r in scored for c in r.candidates)
+    assert m.imagined_steps > 0 and m.candidate_tokens_per_imagined_step == 0.0
+    assert m.context_prefilled_per_imagined_step == pytest.approx(m.prefilled_per_imagined_step)
+    assert m.candidate_tokens_per_decision == pytest.approx(total / m.decisions)
+
+
+def test_hf_prefix_cache_prefills_only_the_new_turn(monkeypatch) -> None:
+    """A reactive episode on the hf engine (tiny random model, conversation prompts): every decision's prompt
+    = context prefilled + scored candidates + cached, and from the 2nd decision on the context prefilled is the
+    new turn only (the previous prompt is a prefix of the new one and comes from the session's prefix cache)."""
+    from simplan.envs.registry import make_env
+    from simplan.inference.engines import make_engine
+    from simplan.inference.engines.common import encode, prompt_ids
+    from simplan.training.tiny import tiny_model
+
+    engine = make_engine("hf", str(tiny_model("llama", final_norm=1.0)), dtype="float32", threads=1)
+    seen: list[ScoreRequest] = []
+    score = engine.score
+
+    def spy(requests: list[ScoreRequest]):
+        seen.extend(requests)
+        return score(requests)
+
+    monkeypatch.setattr(engine, "score", spy)
+    env = make_env("toy")
+    try:
+        task = env.tasks("dev", limit=1)[0]
+        cfg = PlannerConfig(
+            arm="reactive", decider_adapter="", prompt_format="conversation", max_steps=3, raise_errors=True
+        )
+        result = Planner(engine, env, cfg).run(task, episode_id="split/reactive")
+    finally:
+        env.close()
+        engine.close()
+    imagines = result.trace.of_type("imagine")
+    assert len(imagines) == len(seen) >= 2
+    tok = engine.tokenizer
+    prompts = [prompt_ids(tok, r) for r in seen]
+    for k, (e, req) in enumerate(zip(imagines, seen)):
+        candidates = sum(len(encode(tok, c)) + 1 for c in req.candidates)  # + EOS
+        assert e.candidate_tokens == e.decision_candidate_tokens == candidates
+        assert e.prompt_tokens == e.decision_prompt_tokens == len(prompts[k]) + candidates
+        context = e.prompt_tokens - e.cached_prompt_tokens - e.candidate_tokens
+        if k == 0:
+            assert (e.cached_prompt_tokens, context) == (0, len(prompts[0]))
+        else:
+            old = prompts[k - 1]
+            assert prompts[k][: len(old)] == old  # the conversation only grows
+            assert e.cached_prompt_tokens == len(old) and context == len(prompts[k]) - len(old) > 0
+    (m,) = aggregate(records_from_traces([result.trace]))
+    contexts = [e.prompt_tokens - e.cached_prompt_tokens - e.candidate_tokens for e in imagines]
+    assert m.context_prefilled_per_decision == pytest.approx(sum(contexts) / m.decisions)
+    assert m.context_prefilled_per_real_step == pytest.approx(sum(contexts) / m.real_steps)
