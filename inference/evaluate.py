@@ -16,11 +16,15 @@ How it runs:
 - Episode ids are "{suite}/{env}/{task_id}/{arm}/{repeat}". Each finished episode is appended in
   one write to `out/traces.jsonl` (its whole trace, inference/trace.py) and then to
   `out/results.jsonl` (its `EpisodeSummary`). Re-running the same command resumes: an episode
-  whose trace has an end event is never run again; a torn last line is moved to `FILE.torn`, the
+  whose trace has an end event is never run again, unless it ended "errored" (a crash inside the
+  planner, env or engine: it has no valid result, so its events move to `traces.jsonl.errored`, its
+  result line is dropped, and it runs again); a torn last line is moved to `FILE.torn`, the
   events of an episode cut short are moved to `traces.jsonl.partial`, a second finished run of an
   episode (only a file written by two runs at once has one) to `traces.jsonl.duplicate`, and a
   result line missing for a finished trace is rebuilt from the trace. The traces are the source of
   every metric (inference/metrics.py); results.jsonl is a convenience copy.
+- Errored episodes are named in `EvalOutcome.errors`; `errored_message` words them for the user
+  (`simplan eval` and the pipeline's eval stage fail with it rather than report crashes as scores).
 - One run at a time per folder: `out/eval.lock` is locked (flock) for the run's duration, so a
   second `simplan eval` on the same --out refuses at once, naming the pid that holds it. The OS
   drops the lock when its process dies, so a crashed run never leaves a stale lock behind.
@@ -43,6 +47,7 @@ import socket
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -140,6 +145,15 @@ class EpisodeSpec:
 
 
 @dataclass
+class EpisodeError:
+    """An episode of this invocation that ended "errored": it has no valid result (a re-run plays it again)."""
+
+    episode_id: str
+    arm: str
+    error: str  # the end event's message: the exception and its traceback
+
+
+@dataclass
 class EvalOutcome:
     out: Path
     planned: int
@@ -150,6 +164,28 @@ class EvalOutcome:
     batch: dict[str, Any]
     traces: Path
     results: Path
+    errors: list[EpisodeError] = field(default_factory=list)  # in episode order; len(errors) == errored
+
+
+def errored_message(outcome: EvalOutcome) -> str | None:
+    """What the user must be told when episodes of this invocation errored (None when none did).
+
+    An errored episode crashed (planner, env or engine): it has no result, so counting it as a failure
+    would report the crash as the method's score.
+    """
+    if not outcome.errors:
+        return None
+    per_arm = Counter(e.arm for e in outcome.errors)
+    first = outcome.errors[0]
+    lines = [line.strip() for line in first.error.splitlines() if line.strip()]
+    return (
+        f"{len(outcome.errors)} of {outcome.planned} episode(s) errored "
+        f"({', '.join(f'{arm} {n}' for arm, n in per_arm.items())}): they crashed and have no result, so success "
+        f"rates over them are not scores. First: {first.episode_id}: {lines[-1] if lines else 'no message'}. "
+        f"Full tracebacks: the 'error' field of their end events in {outcome.traces}. Fix the cause and re-run the "
+        "same command: it runs only the errored and unfinished episodes again (finished ones are kept; the errored "
+        f"runs move to {TRACES}.errored)"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -221,8 +257,10 @@ def finished_traces(out: Path) -> tuple[dict[str, EpisodeTrace], list[str]]:
     """Complete traces by episode id, after repairing the files; returns (traces, notes).
 
     traces.jsonl is left holding one finished run per episode (`episode_runs` picks it: the first
-    finished one); the lines of unfinished runs move to traces.jsonl.partial and those of extra
-    finished runs to traces.jsonl.duplicate, so no reader ever meets two runs of one episode.
+    finished one); the lines of unfinished runs move to traces.jsonl.partial, those of extra
+    finished runs to traces.jsonl.duplicate, so no reader ever meets two runs of one episode, and
+    those of errored runs to traces.jsonl.errored (with their result lines dropped): a crashed
+    episode has no result, so it is not complete and runs again.
     """
     traces_path, notes = out / TRACES, []
     for p in (traces_path, out / RESULTS):
@@ -234,16 +272,23 @@ def finished_traces(out: Path) -> tuple[dict[str, EpisodeTrace], list[str]]:
     records, problems = read_jsonl_tolerant(traces_path)
     notes.extend(problems)
     kept, left_out = episode_runs(records)
-    complete = [run for run in kept if _finished(run)]
+    complete = [run for run in kept if _finished(run) and not _errored(run)]
+    errored = [run for run in kept if _errored(run)]
     moved = {
         ".partial": [r for run in [*kept, *left_out] if not _finished(run) for r in run],
         ".duplicate": [r for run in left_out if _finished(run) for r in run],
+        ".errored": [r for run in errored for r in run],
     }
     if any(moved.values()):
         for suffix, lines in moved.items():
             append_jsonl(out / (TRACES + suffix), lines)
         write_jsonl(traces_path, [r for run in complete for r in run])
-        what = {".partial": "unfinished episode runs", ".duplicate": "second finished runs of an episode"}
+        _drop_results(out, {str(run[0].get("episode_id")) for run in errored})
+        what = {
+            ".partial": "unfinished episode runs",
+            ".duplicate": "second finished runs of an episode",
+            ".errored": "errored episode runs (they run again)",
+        }
         notes.extend(
             f"{traces_path}: {len(lines)} event(s) of {what[suffix]} moved to {TRACES}{suffix}"
             for suffix, lines in moved.items()
@@ -255,6 +300,19 @@ def finished_traces(out: Path) -> tuple[dict[str, EpisodeTrace], list[str]]:
 
 def _finished(run: list[dict[str, Any]]) -> bool:
     return run[-1].get("type") == "end"
+
+
+def _errored(run: list[dict[str, Any]]) -> bool:
+    return _finished(run) and run[-1].get("status") == "errored"
+
+
+def _drop_results(out: Path, episode_ids: set[str]) -> None:
+    """Remove the result lines of `episode_ids` from results.jsonl (their episodes run again)."""
+    path = out / RESULTS
+    if not episode_ids or not path.exists():
+        return
+    records = read_jsonl_tolerant(path)[0]
+    write_jsonl(path, [r for r in records if str(r.get("episode_id")) not in episode_ids])
 
 
 def sync_results(out: Path, done: dict[str, EpisodeTrace]) -> int:
@@ -437,7 +495,8 @@ def _evaluate_locked(
     cfg: EvalConfig, out: Path, engine: Engine, concurrency: int, engine_info: dict[str, Any] | None
 ) -> EvalOutcome:
     if cfg.fresh:
-        for name in (TRACES, RESULTS, "eval_config.json", "run.json", TRACES + ".partial", TRACES + ".duplicate"):
+        extra = (TRACES + ".partial", TRACES + ".duplicate", TRACES + ".errored")
+        for name in (TRACES, RESULTS, "eval_config.json", "run.json", *extra):
             (out / name).unlink(missing_ok=True)
     engine_info = dict(engine_info or {})
     suite = resolve_suite(cfg)
@@ -486,6 +545,7 @@ def _evaluate_locked(
         slots.put(s)
     write_lock = threading.Lock()
     counts = {"ran": 0, "errored": 0}
+    errors: dict[str, EpisodeError] = {}
     wins: dict[str, list[int]] = {a: [0, 0] for a in cfg.arms}
     bar = _progress(cfg, len(specs), skipped)
 
@@ -507,7 +567,10 @@ def _evaluate_locked(
             append_trace(out / TRACES, result.trace)
             append_jsonl(out / RESULTS, [result.summary.to_dict()])
             counts["ran"] += 1
-            counts["errored"] += result.summary.status == "errored"
+            if result.summary.status == "errored":
+                counts["errored"] += 1
+                end = result.trace.end
+                errors[spec.episode_id] = EpisodeError(spec.episode_id, spec.arm, (end.error if end else None) or "")
             wins[spec.arm][0] += bool(result.summary.success)
             wins[spec.arm][1] += 1
             if bar is not None:
@@ -543,6 +606,7 @@ def _evaluate_locked(
         batch=batch,
         traces=out / TRACES,
         results=out / RESULTS,
+        errors=[errors[s.episode_id] for s in todo if s.episode_id in errors],
     )
 
 

@@ -183,6 +183,7 @@ class ArmSuccess:
     arm: str
     successes: int
     episodes: int
+    errored: int = 0  # of episodes: crashed, no result (the eval stage fails on them; a re-run retries them)
 
 
 @dataclass
@@ -292,7 +293,7 @@ def engine_info(cfg: EngineConfig) -> dict[str, str]:
 
 def run_eval(eval_cfg: EvalConfig, engine_cfg: EngineConfig) -> str:
     from simplan.inference.engines import engine_from_config, is_merged
-    from simplan.inference.evaluate import check_unlocked, evaluate
+    from simplan.inference.evaluate import check_unlocked, errored_message, evaluate
 
     check_unlocked(Path(eval_cfg.out))  # before minutes of engine loading; evaluate() holds the lock
     print(f"eval: loading engine {engine_cfg.engine} {engine_cfg.model}", flush=True)
@@ -307,7 +308,10 @@ def run_eval(eval_cfg: EvalConfig, engine_cfg: EngineConfig) -> str:
         f"{outcome.errored} errored) of {outcome.planned}",
         flush=True,
     )
-    return f"{outcome.planned} episodes" + (f", {outcome.errored} errored" if outcome.errored else "")
+    crashed = errored_message(outcome)
+    if crashed:  # not finished: no marker, so the report never runs on crashes and the next run retries them
+        raise StageFailed(crashed)
+    return f"{outcome.planned} episodes"
 
 
 def run_report(run: Path, out: Path, title: str) -> str:
@@ -333,7 +337,7 @@ def arm_success(run: Path) -> list[ArmSuccess]:
         return []
     from simplan.inference.report import load_run_data
 
-    return [ArmSuccess(m.arm, m.successes, m.episodes) for m in load_run_data(run).arms]
+    return [ArmSuccess(m.arm, m.successes, m.episodes, m.errored) for m in load_run_data(run).arms]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -747,4 +751,5 @@ class Pipeline:
 
 def _rate(a: ArmSuccess) -> str:
     share = f" ({100 * a.successes / a.episodes:.0f}%)" if a.episodes else ""
-    return f"{a.arm} {a.successes}/{a.episodes}{share}"
+    errored = f", {a.errored} errored" if a.errored else ""
+    return f"{a.arm} {a.successes}/{a.episodes}{share}{errored}"

@@ -17,9 +17,10 @@ command needs no --fresh.
 at once (their model calls are merged into batched engine calls; with --engine openai it is also
 the requests in flight). Re-running the same command resumes; an episode is never counted twice.
 Suites: recipes/suites/*.yaml. How it works: `simplan.inference.evaluate`. Then: `simplan report
-OUT`. Exit status: 0 when every planned episode finished (errored ones are recorded, and counted as
-failures), 2 on a bad configuration or an --out that another `simplan eval` is writing (one run per
-folder at a time: OUT/eval.lock).
+OUT`. Exit status: 0 when every episode run finished, 1 when some errored (crashed in the planner, env
+or engine: the message names the count per arm, the first error and where the tracebacks are; re-running
+the same command runs them again), 2 on a bad configuration or an --out that another `simplan eval` is
+writing (one run per folder at a time: OUT/eval.lock).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from pathlib import Path
 from simplan.envs.registry import UnknownEnvError
 from simplan.inference.engines import EngineConfig, engine_from_config, is_merged
 from simplan.inference.engines.config import MODEL_FREE_KINDS
-from simplan.inference.evaluate import EvalConfig, FolderLockedError, check_unlocked, evaluate
+from simplan.inference.evaluate import EvalConfig, FolderLockedError, check_unlocked, errored_message, evaluate
 from simplan.inference.report import arms_table, load_run_data
 from simplan.scripts.config import parse_config
 
@@ -69,6 +70,10 @@ def main(argv: list[str] | None = None) -> int:
         f"traces: {outcome.traces}\nresults: {outcome.results}\nnext: simplan report {outcome.out} --out "
         f"{os.path.join(outcome.out, 'report')}"
     )
+    crashed = errored_message(outcome)
+    if crashed:  # last, so it is what the user reads: a crashed run must not pass for a finished one
+        print(f"simplan eval: {crashed}", file=sys.stderr)
+        return 1
     return 0
 
 

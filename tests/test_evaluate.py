@@ -218,3 +218,58 @@ def test_resume_moves_a_second_finished_run_aside(tmp_path) -> None:
     assert len((first.out / (TRACES + ".duplicate")).read_text().splitlines()) == len(lines)
     (m,) = aggregate(load_run(first.out))
     assert m.episodes == 2 and m.mean_steps == sum(json.loads(x)["type"] == "act" for x in lines) / 2
+
+
+def crashing_engine(broken: set[str]) -> ScriptedEngine:
+    """The greedy engine, except that every call of an episode whose id is in `broken` raises (a planner bug)."""
+    engine = greedy_engine()
+
+    def crashing(respond):
+        def call(req, text: str):
+            if req.session in broken:
+                raise AttributeError("'NoneType' object has no attribute 'text'")
+            return respond(req, text)
+
+        return call
+
+    engine.decide, engine.simulate, engine.score_fn = map(crashing, (engine.decide, engine.simulate, engine.score_fn))
+    return engine
+
+
+def test_errored_episodes_fail_the_command_and_a_rerun_retries_only_them(tmp_path, monkeypatch, capsys) -> None:
+    from simplan.inference.evaluate import plan_episodes, resolve_suite
+    from simplan.scripts import eval as eval_script
+
+    cfg = _cfg(tmp_path, arms=["reactive", "plan"], episodes=2)
+    first_task = plan_episodes(resolve_suite(cfg), cfg.arms, 1)[0].fault_key.rsplit("/", 1)[0]
+    broken = {f"{first_task}/reactive/0", f"{first_task}/plan/0"}
+    engine = crashing_engine(broken)
+    monkeypatch.setattr(eval_script, "engine_from_config", lambda _: engine)
+    argv = ["--suite", "toy-dev", "--arms", "reactive,plan", "--episodes", "2", "--out", cfg.out]
+    argv += ["--progress", "false", "--planner", "{max_history: 50}", "--concurrency", "1"]
+
+    assert eval_script.main(argv) == 1
+    err = capsys.readouterr().err
+    assert "2 of 4 episode(s) errored (reactive 1, plan 1)" in err
+    assert f"First: {first_task}/reactive/0: AttributeError: 'NoneType' object has no attribute 'text'" in err
+    assert f"'error' field of their end events in {cfg.out}/traces.jsonl" in err
+    assert "runs only the errored and unfinished episodes again" in err
+    ends = {t.episode_id: t.end for t in read_traces(tmp_path / "run" / TRACES, strict=True)}
+    assert {e for e, end in ends.items() if end.status == "errored"} == broken
+    assert "Traceback" in ends[f"{first_task}/plan/0"].error  # the full traceback is where the message says
+
+    crashed = set(broken)
+    broken.clear()  # the cause fixed: the same command runs the two crashed episodes, and only them
+    assert eval_script.main(argv) == 0
+    captured = capsys.readouterr()
+    assert "eval: 2 episode(s) run" in captured.out and "(2 already done, 0 errored) of 4" in captured.out
+    assert "errored" not in captured.err
+    out = tmp_path / "run"
+    traces = read_traces(out / TRACES, strict=True)
+    assert len(traces) == 4 and not [t for t in traces if t.end.status == "errored"]
+    assert all(t.end.success for t in traces if t.arm == "reactive")  # the greedy policy solves the corridor
+    results = [json.loads(line) for line in (out / RESULTS).read_text().splitlines()]
+    assert sorted(r["episode_id"] for r in results) == sorted(ends) and "errored" not in {r["status"] for r in results}
+    moved = [json.loads(line) for line in (out / (TRACES + ".errored")).read_text().splitlines()]
+    assert {r["episode_id"] for r in moved} == crashed and moved[-1]["status"] == "errored"  # kept for reading
+    assert eval_script.main(argv) == 0 and "(4 already done, 0 errored)" in capsys.readouterr().out

@@ -271,3 +271,42 @@ def test_toy_tiny_pipeline_end_to_end(tmp_path, monkeypatch) -> None:
     before = {p.name: p.stat().st_mtime for p in (out / ".stages").glob("*.json")}
     assert main(argv) == 0
     assert {p.name: p.stat().st_mtime for p in (out / ".stages").glob("*.json")} == before
+
+
+REAL_STAGE = pl.Pipeline.stage  # taken before the fake_stages fixture replaces it
+
+
+def test_an_eval_whose_episodes_errored_fails_and_a_rerun_retries_them(tmp_path, fake_stages, monkeypatch, capsys):
+    """Every episode crashes (a planner bug): the eval stage fails naming them, no marker records it as done and
+    the report never runs on crashes; the cause fixed, the same command plays those episodes again and goes on."""
+    from simplan.inference.planner import Planner
+
+    fake = pl.Pipeline.stage
+    monkeypatch.setattr(pl.Pipeline, "stage", lambda self, name: (REAL_STAGE if name == "eval" else fake)(self, name))
+    broken, real_loop = [True], Planner._loop
+
+    def loop(self: Planner, ep):
+        if broken[0]:
+            raise AttributeError("'NoneType' object has no attribute 'text'")
+        return real_loop(self, ep)
+
+    monkeypatch.setattr(Planner, "_loop", loop)
+    out = tmp_path / "p"
+    argv = ["--out", str(out), "--suite", "toy-dev", "--arms", "reactive", "--engine", "{engine: expert}"]
+    argv += ["--eval", "{episodes: 2, progress: false}"]
+
+    assert main(argv) == 1
+    captured = capsys.readouterr()
+    assert "[8/9] eval failed: 2 of 2 episode(s) errored (reactive 2)" in captured.err
+    assert "AttributeError: 'NoneType' object has no attribute 'text'" in captured.err
+    assert f"end events in {out / 'eval' / 'traces.jsonl'}" in captured.err
+    assert "eval             failed" in captured.out and "report" not in fake_stages
+    assert "eval success by arm: reactive 0/2 (0%), 2 errored" in captured.out
+    assert not (out / ".stages" / "eval.json").exists()
+
+    broken[0] = False
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert "eval: 2 episode(s) run" in captured.out and "(0 already done, 0 errored) of 2" in captured.out
+    assert (out / ".stages" / "eval.json").exists() and fake_stages[-1] == "report"
+    assert "eval success by arm: reactive 2/2 (100%)" in captured.out
