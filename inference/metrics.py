@@ -26,6 +26,18 @@ deduplicated by id (the first finished trace wins). Definitions:
     simulated/reactive_decisions, routed_reactive, simulated/reactive_tokens  sums of the episodes'
                         (trace.EpisodeSummary): decisions with and without simulation, and their tokens
 
+Transient failures and finishes (`RetryAccount`, from the act events; issue 20's tool-calling envs):
+    transient_failures  real actions that failed transiently: an injected transient fault (fault ==
+                        "transient") or an error observation matching the env's `transient_patterns`
+                        (data/episode.py env_transient_patterns of the trace's env); injected_transient of them
+    got_through         of those, the ones whose call went through later in the episode: a later act with the
+                        same action key that is not itself transient (a success or a real answer such as out of
+                        stock); got_through_share = got_through / transient_failures (None without any)
+    finish_calls        finish actions the env took (inference/judge.py is_finish; a finish that failed
+                        transiently never reached the env and is left out)
+    premature_finishes  of those, finishes while the goal was not met (won false); premature_finish_episodes:
+                        episodes with at least one
+
 Prompt tokens per step (`PromptAccount`, from the imagine events; prefilled = prompt - cached, the tokens
 the engine computed rather than reused from its prefix cache; scored candidates count as prompt tokens, so
 prefilled = context prefilled + candidate tokens):
@@ -56,14 +68,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from simplan.data.episode import env_transient_patterns
+from simplan.inference.judge import is_finish
 from simplan.inference.losses import LOSS_CLASSES, Loss, classify_loss
-from simplan.inference.trace import EpisodeSummary, EpisodeTrace, ImagineEvent, read_traces, summarize
+from simplan.inference.trace import ActEvent, EpisodeSummary, EpisodeTrace, ImagineEvent, read_traces, summarize
 
 Z95 = 1.959963984540054
 
@@ -136,13 +151,54 @@ def prompt_account(trace: EpisodeTrace) -> PromptAccount:
 
 
 @dataclass
+class RetryAccount:
+    """An episode's transient failures, how many of them got through later, and its finish calls (module
+    docstring)."""
+
+    transient_failures: int = 0
+    injected_transient: int = 0  # of transient_failures, injected by a fault wrapper (the rest are the env's own)
+    got_through: int = 0  # of transient_failures, the same call later went through
+    finish_calls: int = 0
+    premature_finishes: int = 0  # of finish_calls, those while the goal was not met
+
+    def add(self, other: RetryAccount) -> None:
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+
+def is_transient(act: ActEvent, patterns: tuple[re.Pattern[str], ...]) -> bool:
+    """A failed real action that is worth retrying as it was: an injected transient fault or the env's own."""
+    return act.error and (act.fault == "transient" or any(p.search(act.observation) for p in patterns))
+
+
+def retry_account(trace: EpisodeTrace) -> RetryAccount:
+    patterns = env_transient_patterns(trace.env)
+    acc = RetryAccount()
+    went_through: set[str] = set()  # keys of the calls that went through after the act being looked at
+    for act in reversed(trace.of_type("act")):
+        key = act.action_key or act.action  # traces without action keys: the rendered action is the identity
+        if not is_transient(act, patterns):
+            went_through.add(key)
+            if is_finish(act.action_key):
+                acc.finish_calls += 1
+                acc.premature_finishes += int(not act.won)
+            continue
+        acc.transient_failures += 1
+        acc.injected_transient += int(act.fault == "transient")
+        acc.got_through += int(key in went_through)
+    return acc
+
+
+@dataclass
 class EpisodeRecord:
-    """An episode's summary plus what the summary does not keep (replan reasons, why it was lost, prompt split)."""
+    """An episode's summary plus what the summary does not keep (replan reasons, why it was lost, prompt split,
+    transient failures and finishes)."""
 
     summary: EpisodeSummary
     replans_by_reason: dict[str, int] = field(default_factory=dict)
     loss: Loss | None = None  # None for a won episode
     prompts: PromptAccount = field(default_factory=PromptAccount)
+    retries: RetryAccount = field(default_factory=RetryAccount)
 
 
 def episode_record(trace: EpisodeTrace) -> EpisodeRecord:
@@ -151,7 +207,13 @@ def episode_record(trace: EpisodeTrace) -> EpisodeRecord:
         for r in str(e.reason).split(","):
             if r:
                 reasons[r] += 1
-    return EpisodeRecord(summarize(trace), dict(sorted(reasons.items())), classify_loss(trace), prompt_account(trace))
+    return EpisodeRecord(
+        summarize(trace),
+        dict(sorted(reasons.items())),
+        classify_loss(trace),
+        prompt_account(trace),
+        retry_account(trace),
+    )
 
 
 def records_from_traces(traces: Iterable[EpisodeTrace]) -> list[EpisodeRecord]:
@@ -240,6 +302,13 @@ class GroupMetrics:
     context_prefilled_per_real_step: float | None = None
     candidate_tokens_per_real_step: float | None = None
     prompt_cache_share: float | None = None
+    transient_failures: int = 0
+    injected_transient: int = 0
+    got_through: int = 0
+    got_through_share: float | None = None
+    finish_calls: int = 0
+    premature_finishes: int = 0
+    premature_finish_episodes: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -300,7 +369,19 @@ def group_metrics(arm: str, family: str, records: list[EpisodeRecord]) -> GroupM
     lost = Counter(r.loss.label for r in records if r.loss is not None)
     m.losses = {label: lost[label] for label in LOSS_CLASSES if lost[label]}
     prompt_step_metrics(m, records)
+    retry_metrics(m, records)
     return m
+
+
+def retry_metrics(m: GroupMetrics, records: list[EpisodeRecord]) -> None:
+    """Fill m's transient-failure and finish fields (module docstring) from the records' retry accounts."""
+    acc = RetryAccount()
+    for r in records:
+        acc.add(r.retries)
+    for f in dataclasses.fields(acc):  # GroupMetrics has a field of each name, the arm's total
+        setattr(m, f.name, getattr(acc, f.name))
+    m.got_through_share = _per(acc.got_through, acc.transient_failures)
+    m.premature_finish_episodes = sum(r.retries.premature_finishes > 0 for r in records)
 
 
 def _per(tokens: int, count: int) -> float | None:

@@ -9,8 +9,9 @@ files with their size and SHA-256 so each number can be traced back, and writes:
 - report.md with tables (arms side by side across runs; prompt tokens per decision, imagined step
   and real step, prefilled vs reused from the prefix cache; each pair of arms compared task by task:
   the success difference with its paired bootstrap interval and the exact McNemar p-value,
-  inference/paired.py; success by game; lost episodes by loss class, inference/losses.py; pivot and
-  replan reasons) and plots/*.png next to it;
+  inference/paired.py; success by game; lost episodes by loss class, inference/losses.py; transient
+  failures that got through and premature finishes, for runs that have any; pivot and replan reasons)
+  and plots/*.png next to it;
 - report.html, the same content with the plots embedded as base64 PNG (one file to share);
 - metrics.json, every run's per-arm and per-(arm, game) metrics (GroupMetrics) as numbers.
 Plots (matplotlib, Agg backend): success by arm and game (Wilson 95% intervals), tokens per
@@ -299,6 +300,48 @@ def loss_table(runs: list[RunData]) -> Table:
     )
 
 
+def retry_table(runs: list[RunData]) -> Table | None:
+    """Transient failures and finish calls per arm, for the runs that have any (a TWX run has neither); None
+    when no run has."""
+    rows = []
+    for r in runs:
+        if not any(m.transient_failures or m.finish_calls for m in r.arms):
+            continue
+        for m in r.arms:
+            through = "-" if m.got_through_share is None else f"{m.got_through} [{pct(m.got_through_share)}]"
+            rows.append(
+                [
+                    r.name,
+                    m.arm,
+                    str(m.transient_failures),
+                    through,
+                    f"{m.injected_transient} / {m.transient_failures - m.injected_transient}",
+                    f"{m.premature_finish_episodes}/{m.episodes}",
+                    str(m.finish_calls),
+                ]
+            )
+    if not rows:
+        return None
+    return Table(
+        "Transient failures and finishes",
+        [
+            "run",
+            "arm",
+            "transient failures",
+            "got through [share]",
+            "injected / env's own",
+            "episodes with a premature finish / episodes",
+            "finish calls",
+        ],
+        rows,
+        "A transient failure is a real action that failed as an injected transient fault or with an observation "
+        "matching the env's transient patterns; it got through when a later action of the episode with the same "
+        "key was not transient (a success or a real answer such as out of stock). A premature finish is a finish "
+        "the env took while the goal was not met; finish calls count the finishes the env took (a finish that "
+        "failed transiently is a transient failure, not a finish).",
+    )
+
+
 def lost_episodes_table(runs: list[RunData]) -> Table:
     rows = [
         [r.name, rec.loss.arm, rec.loss.family, rec.loss.episode_id, LOSS_LABELS[rec.loss.label], rec.loss.evidence]
@@ -564,6 +607,9 @@ def write_report(
     main = [files_table(runs), arms_table(runs), prompt_steps_table(runs), paired_table(runs)]
     main += [success for success, _ in by_game]
     main.append(loss_table(runs))
+    retries = retry_table(runs)
+    if retries is not None:
+        main.append(retries)
     main += extra or []
     details = [detail for _, detail in by_game]
     details += [reasons_table(runs), lost_episodes_table(runs)]

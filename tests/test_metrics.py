@@ -159,3 +159,71 @@ def test_wall_per_success_and_loss_classes_per_arm() -> None:
     assert simplan.losses == {}
     fams = {(m.arm, m.family): m for m in aggregate(records_from_traces(traces() + [extra]), by_family=True)}
     assert fams[("reactive", "x")].losses == {"irreversible": 1, "other": 1}
+
+
+# Transient failures and finishes, on the shop (its transient_patterns: 503, "temporarily unavailable", "try again")
+SHOP_503 = '{"error": "503 service unavailable: try again"}'
+INJECTED = '{"error": "the call failed this time (a transient fault)"}'
+
+
+def call(key: str, observation: str = "{}", **fields) -> dict:
+    return {"action": key, "action_key": key, "observation": observation, **fields}
+
+
+def shop_trace(eid: str, arm: str, acts: list[dict], success: bool) -> EpisodeTrace:
+    t = EpisodeTrace.start(eid, "shop", {"task_id": eid.split("/")[2], "family": "kitchen", "fold": "dev"}, arm)
+    for i, a in enumerate(acts, start=1):
+        t.add(ActEvent(**a), step=i)
+    t.add(EndEvent(status="success" if success else "failed", success=success, steps=len(acts)))
+    return t
+
+
+def shop_traces() -> list[EpisodeTrace]:
+    retried = [
+        call("buy(x)", SHOP_503, error=True),  # retried and succeeded: through
+        call("buy(x)"),
+        call("ship(o)", INJECTED, error=True, fault="transient"),  # retried into a real answer: through
+        call("ship(o)", '{"error": "x sold out"}', error=True),
+        call("search(y)", SHOP_503, error=True),  # never retried: not through
+        call("pay(z)", SHOP_503, error=True),  # transient twice more, then through: all three through
+        call("pay(z)", INJECTED, error=True, fault="transient"),
+        call("pay(z)", SHOP_503, error=True),
+        call("pay(z)"),
+        call("look()", '{"hint": "try again later"}'),  # the pattern, but no failure: not transient
+        call("finish()", done=True, won=True),  # a winning finish
+    ]
+    premature = [
+        call("finish()", INJECTED, error=True, fault="transient"),  # never reached the env: no finish call
+        call("finish()", done=True, won=False),  # the env took it with the goal not met
+    ]
+    return [
+        shop_trace("shop-dev/shop/t1/simplan/0", "simplan", retried, True),
+        shop_trace("shop-dev/shop/t2/simplan/0", "simplan", premature, False),
+        shop_trace("shop-dev/shop/t1/reactive/0", "reactive", [call("buy(x)"), call("finish()", done=True)], False),
+    ]
+
+
+def test_transient_failures_got_through_and_premature_finishes(shop_on_path) -> None:
+    from simplan.inference.metrics import RetryAccount, retry_account
+
+    retried, premature, plain = shop_traces()
+    assert retry_account(retried) == RetryAccount(
+        transient_failures=6, injected_transient=2, got_through=5, finish_calls=1, premature_finishes=0
+    )
+    assert retry_account(premature) == RetryAccount(
+        transient_failures=1, injected_transient=1, got_through=1, finish_calls=1, premature_finishes=1
+    )
+    reactive, simplan = aggregate(records_from_traces(shop_traces()))
+    assert (simplan.transient_failures, simplan.injected_transient, simplan.got_through) == (7, 3, 6)
+    assert simplan.got_through_share == pytest.approx(6 / 7)
+    assert (simplan.finish_calls, simplan.premature_finishes, simplan.premature_finish_episodes) == (2, 1, 1)
+    assert (reactive.transient_failures, reactive.got_through_share) == (0, None)  # none: no share, not 0
+    assert (reactive.finish_calls, reactive.premature_finishes, reactive.premature_finish_episodes) == (1, 1, 1)
+
+
+def test_injected_transient_faults_count_without_env_patterns() -> None:
+    # the toy env declares no transient patterns; its injected transient "look" is retried by a later "look"
+    # (traces without action keys: the rendered action is the call's identity)
+    reactive, simplan = aggregate(records_from_traces(traces()))
+    assert (reactive.transient_failures, reactive.injected_transient, reactive.got_through) == (1, 1, 1)
+    assert (simplan.transient_failures, simplan.got_through_share, simplan.finish_calls) == (0, None, 0)

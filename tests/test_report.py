@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import base64
+import json
 import re
 
 import pytest
-from test_metrics import make_trace, traces  # pytest puts tests/ on sys.path (rootdir-relative imports)
+from test_metrics import make_trace, shop_traces, traces  # pytest puts tests/ on sys.path (rootdir-relative imports)
 
 from simplan.inference.metrics import aggregate, load_run
 from simplan.inference.report import pct, write_report
@@ -95,3 +96,26 @@ def test_report_pairs_arms_and_classifies_losses(tmp_path) -> None:
     # each lost episode is listed with its evidence in the details
     listed = "| paired | reactive | coin | s/t9/reactive/0 | irreversible wrong action | step 1 'look' ended the game"
     assert listed in md.split("## Details")[1]
+
+
+def test_report_shows_transient_failures_and_finishes_only_for_runs_with_any(tmp_path, shop_on_path) -> None:
+    shop, plain = tmp_path / "shop", tmp_path / "plain"
+    for t in shop_traces():
+        append_trace(shop / "traces.jsonl", t)
+    for t in traces()[2:]:  # simplan's toy episodes: no transient failure, no finish
+        append_trace(plain / "traces.jsonl", t)
+    md = write_report([plain], tmp_path / "plain-report")["md"].read_text()
+    assert "Transient failures and finishes" not in md  # a TWX-like run does not grow an empty table
+
+    paths = write_report([shop, plain], tmp_path / "report")
+    main = paths["md"].read_text().split("## Plots")[0]
+    table = main.split("### Transient failures and finishes")[1].split("###")[0]
+    assert "| shop | simplan | 7 | 6 [85.7%] | 3 / 4 | 1/2 | 2 |" in table
+    assert "| shop | reactive | 0 | - | 0 / 0 | 1/1 | 1 |" in table
+    assert "| plain |" not in table  # only the runs with a transient failure or a finish call
+    assert "Transient failures and finishes" in paths["html"].read_text()
+    arms = {m["arm"]: m for m in json.loads(paths["json"].read_text())["runs"][0]["arms"]}
+    assert (arms["simplan"]["transient_failures"], arms["simplan"]["got_through"]) == (7, 6)
+    assert arms["simplan"]["got_through_share"] == pytest.approx(6 / 7)
+    assert (arms["simplan"]["injected_transient"], arms["simplan"]["premature_finish_episodes"]) == (3, 1)
+    assert (arms["reactive"]["finish_calls"], arms["reactive"]["got_through_share"]) == (1, None)
