@@ -162,6 +162,11 @@ def test_simplan_toy_run_splits_decisions_from_imagination() -> None:
     assert m.prompt_per_decision == pytest.approx(metered_prompt_tokens(scored) / m.decisions)
     assert m.prompt_per_imagined_step == pytest.approx(metered_prompt_tokens(generated) / m.imagined_steps)
     assert m.prefilled_per_imagined_step == m.prompt_per_imagined_step  # the scripted engine reuses nothing
+    # rollouts generate, so imagined steps score no candidates: their prefill is all context
+    total = sum(max(1, len(c.split())) for r in scored for c in r.candidates)
+    assert m.imagined_steps > 0 and m.candidate_tokens_per_imagined_step == 0.0
+    assert m.context_prefilled_per_imagined_step == pytest.approx(m.prefilled_per_imagined_step)
+    assert m.candidate_tokens_per_decision == pytest.approx(total / m.decisions)
 
 
 def test_recorded_split_of_an_imagining_decision() -> None:
@@ -261,21 +266,6 @@ def test_scripted_reactive_run_splits_context_from_candidates() -> None:
     assert m.candidate_tokens_per_decision == pytest.approx(total / m.decisions)
     assert m.candidate_tokens_per_real_step == pytest.approx(total / m.real_steps)
     assert m.context_prefilled_per_decision == pytest.approx(m.prefilled_per_decision - total / m.decisions)
-
-
-def test_scripted_simplan_rollouts_generate_so_imagined_steps_score_no_candidates() -> None:
-    env = ToyEnv()
-    task = env.tasks("dev")[3]
-    oracle = ToyOracle(task)
-    engine = ScriptedEngine(oracle.decide, oracle.simulate, oracle.score)
-    cfg = PlannerConfig(arm="simplan", adaptive=False, max_history=50, raise_errors=True)
-    result = Planner(engine, env, cfg).run(task)
-    (m,) = aggregate(records_from_traces([result.trace]))
-    scored = [r for kind, requests in engine.calls if kind == "score" for r in requests]
-    total = sum(max(1, len(c.split())) for r in scored for c in r.candidates)
-    assert m.imagined_steps > 0 and m.candidate_tokens_per_imagined_step == 0.0
-    assert m.context_prefilled_per_imagined_step == pytest.approx(m.prefilled_per_imagined_step)
-    assert m.candidate_tokens_per_decision == pytest.approx(total / m.decisions)
 
 
 def test_hf_prefix_cache_prefills_only_the_new_turn(monkeypatch) -> None:
