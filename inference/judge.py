@@ -21,6 +21,11 @@ to its first predicted failure after the first action: the planner never commits
                 `accept_patterns`; no verdict (neither declared): not judged.
     length      per scored step (a small cost that prefers shorter plans at equal merit)
     likelihood  the decider's probability of the first action (0..1)
+    won, lost   only where the env's verdict on a predicted step is known (`Outcome`, from the env oracle): a
+                step predicted to end the episode won / unwon, discounted by depth. The rollout is scored up
+                to that step (nothing after an ended episode is real), and a step whose reward is positive
+                counts as progress even when its text names none. Texts-only predictions (a learned
+                simulator) have no verdict: these parts are absent and the score is what the texts give.
 
 Simulator confidence (`confidence`, weight `JudgeWeights.confidence`, 0 by default): the parts a predicted
 observation decides (error, progress, and premature when judged from the prediction) shrink toward 0 as
@@ -42,7 +47,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from simplan.envs.base import env_extra
+from simplan.envs.base import StepResult, env_extra
 
 # Phrases environments use to reject an action. Envs replace them with their own `error_patterns`
 # (regexes; envs/base.py EnvDefaults); configs add more with PlannerConfig.error_patterns.
@@ -115,8 +120,33 @@ class JudgeWeights:
     length: float = -0.05
     likelihood: float = 0.5
     premature: float = -2.0
+    lost: float = -10.0  # a step the env says ends the episode unwon: outweighs any progress and likelihood
+    won: float = 10.0  # a step the env says wins the episode
     discount: float = 0.9  # later imagined steps count less (their predictions are less reliable)
     confidence: float = 0.0  # 0..1: how far an unsure prediction's outcome parts shrink toward 0 (module docstring)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The env's verdict on a predicted step (the env oracle knows it; a learned simulator does not)."""
+
+    done: bool = False
+    won: bool = False
+    reward: float = 0.0
+    score: float = 0.0
+
+    @classmethod
+    def of(cls, result: StepResult) -> Outcome:
+        return cls(done=result.done, won=result.won, reward=result.reward, score=result.score)
+
+    @property
+    def lost(self) -> bool:
+        return self.done and not self.won
+
+    def label(self) -> str:
+        """One short line for traces: 'won' / 'lost' / 'on' (the episode goes on), the score and the reward."""
+        status = "won" if self.won else ("lost" if self.done else "on")
+        return f"{status} score={self.score:g} reward={self.reward:+g}"
 
 
 @dataclass
@@ -194,16 +224,18 @@ class Judge:
         probability: float | None = None,
         finish_verdict: bool | None = None,
         confidence: Sequence[float | None] | None = None,
+        outcomes: Sequence[Outcome | None] | None = None,
     ) -> tuple[dict[str, float], float]:
         """(weighted parts, total) of one rollout: action keys and the predicted observation after each.
 
         `predicted[i]` is None when step i was not simulated (reactive or adaptive-horizon choices).
         `finish_verdict`: whether the goal is met in the real state (the env's `accepts()`), the verdict on
         a finish as the first action; None: from the prediction. `confidence[i]`: the simulator's mean token
-        logprob of `predicted[i]` (None: unknown), weighed by `JudgeWeights.confidence`.
+        logprob of `predicted[i]` (None: unknown), weighed by `JudgeWeights.confidence`. `outcomes[i]`: the env's
+        verdict on step i (None: unknown); the parts won and lost appear only when some verdict is known.
         """
         w = self.w
-        error = progress = repeat = failed = premature = 0.0
+        error = progress = repeat = failed = premature = won = lost = 0.0
         seen_in_rollout: set[tuple[str, str | None]] = set()
         steps = 0
         for depth, key in enumerate(action_keys):
@@ -211,6 +243,7 @@ class Judge:
             obs = predicted[depth] if depth < len(predicted) else None
             conf = confidence[depth] if confidence is not None and depth < len(confidence) else None
             t = trust(conf, w.confidence)  # how much this step's predicted outcome counts
+            out = outcomes[depth] if outcomes is not None and depth < len(outcomes) else None
             if depth > 0 and obs is not None and self.is_error(obs):
                 break  # an imagined follow-up that fails is cut, not held against the first action
             steps += 1
@@ -225,13 +258,17 @@ class Judge:
             if pair in seen_in_rollout or (obs is not None and pair in memory.seen_pairs):
                 repeat += d
             seen_in_rollout.add(pair)
-            if obs is None:
-                continue
-            if self.is_error(obs):
-                error += d * t
-                break  # the rollout's remaining steps are conditioned on a failure
-            if mentions_progress(obs, self.progress_re):
-                progress += d * t
+            if out is not None and out.done:
+                won += d if out.won else 0.0
+                lost += d if out.lost else 0.0
+            if obs is not None:
+                if self.is_error(obs):
+                    error += d * t
+                    break  # the rollout's remaining steps are conditioned on a failure
+                if mentions_progress(obs, self.progress_re) or (out is not None and out.reward > 0):
+                    progress += d * t
+            if out is not None and out.done:
+                break  # the env's episode ended here: any later step is "the episode is over", not real
         parts = {
             "error": w.error * error,
             "progress": w.progress * progress,
@@ -241,5 +278,7 @@ class Judge:
             "length": w.length * steps,
             "likelihood": w.likelihood * (probability if probability is not None else 0.0),
         }
+        if outcomes is not None and any(o is not None for o in outcomes):
+            parts |= {"won": w.won * won, "lost": w.lost * lost}
         parts = {k: round(v, 6) for k, v in parts.items()}
         return parts, round(sum(parts.values()), 6)

@@ -2,13 +2,15 @@
 
     oracle = EnvOracle(same_env_factory(env))          # copies of `env`, built with the same settings
     obs = oracle.predict(task, real_actions, [a1, a2])  # exactly what the real env returns for a2 after a1
+    step = oracle.predict_step(task, real_actions, [a1, a2])  # ... with its verdict: done, won, score, reward
     oracle.close()
 
 From the command line: `simplan eval --arms reactive,simplan,simplan-oracle,plan ...` (the arm preset
 `simplan-oracle` is simplan with this simulator), or `--planner '{simulator: env}'` for every arm.
 
 How a prediction is made: a copy of the env is reset to the task and steps the episode's real actions,
-then the imagined ones; the observation of the last step is the prediction. This needs an env whose
+then the imagined ones; the last step's result is the prediction: its observation, and the env's verdict
+(done, won, score, reward), which the judge weighs (inference/judge.py Outcome). This needs an env whose
 reset is deterministic per task and whose steps are deterministic (TWX, ScienceWorld, BFCL and the toy
 env are: tests/test_oracle.py checks each against the real steps). Replays are what cost, so:
 
@@ -34,7 +36,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from simplan.envs.base import Action, Env, Observation, Task
+from simplan.envs.base import Action, Env, Observation, StepResult, Task
 from simplan.envs.limits import LimitedEnv, make_limited
 
 # Fault kinds whose action did not run (inference/faults.py): a replay must not step them.
@@ -104,7 +106,7 @@ class EnvOracle:
         self.max_cached = max_cached
         self.stats = OracleStats()
         self._copies: list[_Copy] = []
-        self._cache: OrderedDict[tuple[str, tuple[str, ...]], Observation] = OrderedDict()
+        self._cache: OrderedDict[tuple[str, tuple[str, ...]], StepResult] = OrderedDict()
         self._clock = 0
         # Copies hold JVMs or worker processes: close them even when nobody calls close().
         self._finalizer = weakref.finalize(self, _close_all, self._copies)
@@ -113,6 +115,12 @@ class EnvOracle:
         """The observation the env returns for the last imagined action, after the real then imagined ones.
 
         Raises OracleTimeout past the time limit and OracleError when the copy fails."""
+        return self.predict_step(task, real_actions, imagined_actions).observation
+
+    def predict_step(
+        self, task: Task, real_actions: Sequence[Action], imagined_actions: Sequence[Action]
+    ) -> StepResult:
+        """The env's whole result for the last imagined action (observation, reward, score, done, won)."""
         if not imagined_actions:
             raise ValueError("EnvOracle.predict: imagined_actions is empty; give at least the action to predict")
         actions = [*real_actions, *imagined_actions]
@@ -126,19 +134,19 @@ class EnvOracle:
             return self._cache[ckey]
         t0 = time.perf_counter()
         try:
-            obs = self._replay(task, tkey, actions, keys, deadline=t0 + self.time_limit)
+            result = self._replay(task, tkey, actions, keys, deadline=t0 + self.time_limit)
         finally:
             self.stats.seconds += time.perf_counter() - t0
-        self._cache[ckey] = obs
+        self._cache[ckey] = result
         if len(self._cache) > self.max_cached:
             self._cache.popitem(last=False)
-        return obs
+        return result
 
     def close(self) -> None:
         self._finalizer()
 
     # -- replay ------------------------------------------------------------------------------------
-    def _replay(self, task: Task, tkey: str, actions: list[Action], keys: list[str], deadline: float) -> Observation:
+    def _replay(self, task: Task, tkey: str, actions: list[Action], keys: list[str], deadline: float) -> StepResult:
         try:
             copy = self._pick(tkey, keys)
         except Exception as e:  # the factory failed (no JVM, a missing package): no prediction, the episode goes on
@@ -151,7 +159,7 @@ class EnvOracle:
                 copy.env.reset(task)
                 copy.task_key = tkey
                 self.stats.resets += 1
-            obs: Observation | None = None
+            result: StepResult | None = None
             for i in range(len(copy.stepped), len(actions)):
                 if time.perf_counter() > deadline:
                     self.stats.timeouts += 1
@@ -159,7 +167,7 @@ class EnvOracle:
                         f"oracle: replaying {len(actions)} actions of {task.task_id} took over {self.time_limit:g} s "
                         f"({i} stepped); the rollout is dropped and the next call goes on from there"
                     )
-                obs = copy.env.step(actions[i]).observation
+                result = copy.env.step(actions[i])
                 copy.stepped.append(keys[i])
                 self.stats.steps += 1
         except OracleTimeout:
@@ -168,9 +176,9 @@ class EnvOracle:
             copy.task_key, copy.stepped = "", []
             self.stats.errors += 1
             raise OracleError(f"oracle: the env copy failed on {task.task_id}: {type(e).__name__}: {e}") from e
-        if obs is None:  # unreachable: _pick never returns a copy that has already stepped all of `keys`
+        if result is None:  # unreachable: _pick never returns a copy that has already stepped all of `keys`
             raise OracleError(f"oracle: nothing was stepped for {task.task_id}")
-        return obs
+        return result
 
     def _pick(self, tkey: str, keys: list[str]) -> _Copy:
         """The copy with the longest stepped prefix of `keys` (it continues from there); else a new copy

@@ -19,9 +19,11 @@ From the command line: `simplan run --env toy --task corridor-100 --arm simplan 
    (planner_config.Router) sets the depth: 0 when the decider is confident (adaptive), or with
    `router: selective` wherever the simulator is unreliable on the top candidate's verb and the
    decider is sure (inference/sim_accuracy.py): the top action is then taken with no simulator call.
+   With simulator "env" the env oracle answers, with its verdict (done, won, score); a rollout ends
+   at a step that ends the episode.
 2. Judge: inference/judge.py scores each rollout with explicit parts; all are logged.
 3. Commit: the best rollout's actions are queued with their expectations (predicted observations),
-   cut before the first predicted error.
+   cut before the first predicted error (or, with simulator "env", before a step the env says loses).
 4. Act and watch: queued actions run for real with no model calls while nothing fires. Before each
    queued action after a plan's first, when the env lists all valid actions, it must be among
    them (pivot `not_valid_now`): a plan made for an imagined state is not tried in a real state
@@ -88,6 +90,7 @@ from simplan.inference.judge import (
     DEFAULT_PROGRESS_PATTERNS,
     Judge,
     JudgeMemory,
+    Outcome,
     env_patterns,
     is_finish,
 )
@@ -166,6 +169,8 @@ class Rollout:
     logprob: float | None = None
     alive: bool = True
     confidence: list[float | None] = field(default_factory=list)  # simulator's mean token logprob per prediction
+    # The env's verdict on each prediction (simulator "env" only; a learned simulator gives none: empty).
+    outcomes: list[Outcome | None] = field(default_factory=list)
 
 
 @dataclass
@@ -716,7 +721,13 @@ class Planner:
         for i, r in enumerate(rollouts):
             keys = [a.key() for a in r.actions]
             parts, total = self.judge.score(
-                keys, r.predicted, ep.memory, r.probability, finish_verdict=verdict, confidence=r.confidence
+                keys,
+                r.predicted,
+                ep.memory,
+                r.probability,
+                finish_verdict=verdict,
+                confidence=r.confidence,
+                outcomes=r.outcomes,
             )
             records.append(
                 CandidateRecord(
@@ -725,6 +736,7 @@ class Planner:
                     predicted=[p if p is not None else "" for p in r.predicted],
                     logprob=r.logprob,
                     confidence=[None if c is None else round(c, 6) for c in r.confidence],
+                    outcomes=[None if o is None else o.label() for o in r.outcomes] or None,
                     parts=parts,
                     total=total,
                 )
@@ -777,8 +789,9 @@ class Planner:
         queue = []
         for i, action in enumerate(rollout.actions):
             expectation = rollout.predicted[i] if i < len(rollout.predicted) else None
-            if i > 0 and (expectation is None or self.judge.is_error(expectation)):
-                break  # never queue an action expected to fail, nor one whose outcome was not imagined
+            outcome = rollout.outcomes[i] if i < len(rollout.outcomes) else None
+            if i > 0 and (expectation is None or self.judge.is_error(expectation) or (outcome and outcome.lost)):
+                break  # never queue an action expected to fail or lose, nor one whose outcome was not imagined
             queue.append(Queued(action, expectation, source))
             if self.judge.is_error(expectation or "") or total < self.config.judge_threshold:
                 break  # a failing or low-scored plan: take one step and look again
@@ -983,16 +996,20 @@ class Planner:
         for r in alive:
             before = self.oracle.stats.hits
             try:
-                text = self.oracle.predict(ep.task, real, r.actions).text
+                result = self.oracle.predict_step(ep.task, real, r.actions)
             except OracleError as e:
                 self._parse_failure(ep, "simulator", "", str(e), "dropped")
                 r.predicted.append(None)
                 r.confidence.append(None)
+                r.outcomes.append(None)
                 r.alive = False
                 continue
             hits += self.oracle.stats.hits - before
-            r.predicted.append(text)
+            r.predicted.append(result.observation.text)
             r.confidence.append(None)  # the env's own answer: no model confidence to weigh
+            r.outcomes.append(Outcome.of(result))  # the judge weighs an imagined win or loss
+            if result.done:
+                r.alive = False  # the episode ended here: any later step would only be "the episode is over"
         return hits
 
     def _imagined_state(

@@ -160,6 +160,16 @@ class PlannerConfig:
     w_premature: float = field(
         default=-2.0, metadata=_help("judge weight: a finish whose imagined outcome is 'goal not met'")
     )
+    w_lost: float = field(
+        default=-10.0,
+        metadata=_help(
+            "judge weight (<= 0): a predicted step the env says ends the episode unwon (simulator env only: a "
+            "learned simulator gives no verdict); large, so it outweighs progress and likelihood"
+        ),
+    )
+    w_won: float = field(
+        default=10.0, metadata=_help("judge weight (>= 0): a predicted step the env says wins (simulator env only)")
+    )
     w_length: float = field(default=-0.05, metadata=_help("judge weight: per imagined step"))
     w_likelihood: float = field(default=0.5, metadata=_help("judge weight: decider probability of the 1st action"))
     w_confidence: float = field(
@@ -232,6 +242,8 @@ class PlannerConfig:
             ("max_transient_retries", self.max_transient_retries >= 0, ">= 0"),
             ("discount", 0.0 < self.discount <= 1.0, "in (0, 1]"),
             ("w_confidence", 0.0 <= self.w_confidence <= 1.0, "in [0, 1]"),
+            ("w_lost", self.w_lost <= 0.0, "<= 0 (a penalty)"),
+            ("w_won", self.w_won >= 0.0, ">= 0 (a bonus)"),
             ("router_accuracy", 0.0 <= self.router_accuracy <= 1.0, "in [0, 1]"),
             ("router_min_rows", self.router_min_rows >= 1, ">= 1"),
             ("cache_history", self.cache_history >= 0, ">= 0"),
@@ -269,6 +281,8 @@ class PlannerConfig:
             length=self.w_length,
             likelihood=self.w_likelihood,
             premature=self.w_premature,
+            lost=self.w_lost,
+            won=self.w_won,
             discount=self.discount,
             confidence=self.w_confidence,
         )

@@ -100,6 +100,9 @@ class CandidateRecord:
     parts: dict[str, float] = field(default_factory=dict)  # weighted score parts
     total: float = 0.0
     chosen: bool = False
+    # The env's verdict per prediction (simulator "env": judge.Outcome.label(), e.g. 'lost score=0 reward=+0');
+    # None for a learned simulator and in older traces.
+    outcomes: list[str | None] | None = None
 
 
 @dataclass
