@@ -18,9 +18,10 @@ from simplan.envs.registry import make_env
 from simplan.envs.toy import ToyEnv
 from simplan.inference.evaluate import EvalConfig
 from simplan.inference.faults import FaultConfig, FaultyEnv
+from simplan.inference.judge import Judge, JudgeMemory, JudgeWeights, Outcome
 from simplan.inference.oracle import EnvOracle, OracleTimeout, executed_actions, same_env_factory
-from simplan.inference.planner import Planner, PlannerConfig
-from simplan.inference.scripted import ScriptedEngine, ToyOracle, prompt_actions
+from simplan.inference.planner import Planner, PlannerConfig, Rollout
+from simplan.inference.scripted import ScriptedEngine, ToyOracle, prompt_action, prompt_actions, toy_expert_action
 from simplan.inference.trace import EpisodeTrace
 
 TOY_TASKS = ToyEnv().tasks("dev")[2:5]
@@ -290,3 +291,171 @@ def test_scienceworld_predictions_are_the_real_steps(pairs):
     real, twin, oracle = pairs("scienceworld")
     task = real.tasks("dev", families=["power-component"], limit=1)[0]
     assert_oracle_matches_reality(real, twin, oracle, task, steps=3)
+
+
+# -- the env's verdict: an imagined step that ends the episode ---------------------------------------
+OVER = "The episode is over; call reset() to start a new one."
+
+
+class TrapToy(ToyEnv):
+    """The toy with a trap in every room: "pull lever" reads like progress but ends the episode unwon (like a
+    TWX cooking game lost by cooking the cheese the wrong way); any step after the end is "the episode is over"."""
+
+    def reset(self, task: Task) -> Observation:
+        self.over = False
+        return super().reset(task)
+
+    def valid_actions(self) -> list[str]:
+        return sorted([*super().valid_actions(), "pull lever"])
+
+    def step(self, action: Action) -> StepResult:
+        if self.over:
+            return StepResult(Observation(OVER), score=self._last_score, done=True)
+        if action.kind == "command" and action.text == "pull lever":
+            self.over = True
+            text = "You pull the lever. Well done, your score goes up!"  # progress words, yet the game is lost
+            return StepResult(self._observe(text, False), score=self._last_score, done=True)
+        return super().step(action)
+
+
+def test_the_oracle_returns_the_envs_verdict_of_a_losing_and_a_winning_step():
+    task = TOY_TASKS[0]
+    oracle = EnvOracle(TrapToy)
+    lever = Action.command("pull lever")
+    lost = Outcome.of(oracle.predict_step(task, [], [lever]))
+    assert lost == Outcome(done=True, won=False, reward=0.0, score=0.0) and lost.lost
+    assert lost.label() == "lost score=0 reward=+0"
+    assert oracle.predict_step(task, [], [lever, Action.command("look")]).observation.text == OVER
+    plan = _expert(task)
+    won = Outcome.of(oracle.predict_step(task, plan[:-1], plan[-1:]))
+    assert won.done and won.won and not won.lost and won.score == 1.0 and won.reward == 0.5
+    assert won.label() == "won score=1 reward=+0.5"
+    on = Outcome.of(oracle.predict_step(task, [], plan[:1]))
+    assert not on.done and on.label().startswith("on ")
+    assert oracle.predict(task, plan[:-1], plan[-1:]) == oracle.predict_step(task, plan[:-1], plan[-1:]).observation
+    oracle.close()
+
+
+def _expert(task: Task) -> list[Action]:
+    env = ToyEnv()
+    env.reset(task)
+    return env.expert_plan()
+
+
+PROGRESS = "You take the key."  # the default progress patterns match it
+PLAIN = "You are in room 2 of 4."
+
+
+def test_the_judge_ranks_a_lost_rollout_below_no_progress_and_a_won_one_above_all():
+    judge, memory = Judge(JudgeWeights()), JudgeMemory()
+    on = Outcome()
+    lost_parts, lost = judge.score(["pull lever"], [PROGRESS], memory, 1.0, outcomes=[Outcome(done=True)])
+    _, idle = judge.score(["look"], [PLAIN], memory, 0.0, outcomes=[on])
+    _, progress = judge.score(["take key", "go east"], [PROGRESS, PROGRESS], memory, 1.0, outcomes=[on, on])
+    won_parts, won = judge.score(["open door"], [PLAIN], memory, 0.0, outcomes=[Outcome(done=True, won=True)])
+    assert lost < idle < progress < won
+    assert lost_parts["lost"] == -10.0 and lost_parts["progress"] == 1.0 and lost_parts["won"] == 0.0
+    assert won_parts["won"] == 10.0 and won_parts["lost"] == 0.0
+    # Nothing after the ended episode counts: the "episode is over" follow-up adds no step, repeat or progress.
+    follow_parts, follow = judge.score(
+        ["pull lever", "take key"], [PROGRESS, PROGRESS], memory, 1.0, outcomes=[Outcome(done=True), Outcome(True)]
+    )
+    assert (follow_parts, follow) == (lost_parts, lost)
+    # A loss one step deep is discounted; a positive reward counts as progress where the text names none.
+    deep, _ = judge.score(["look", "pull lever"], [PLAIN, PLAIN], memory, outcomes=[on, Outcome(done=True)])
+    assert deep["lost"] == -9.0 and deep["progress"] == 0.0 and deep["length"] == -0.1
+    rewarded, _ = judge.score(["go east"], [PLAIN], memory, outcomes=[Outcome(reward=0.5, score=0.5)])
+    assert rewarded["progress"] == 1.0
+
+
+def test_texts_only_rollouts_score_exactly_as_before():
+    judge, memory = Judge(JudgeWeights()), JudgeMemory()
+    args = (["take key", "look"], [PROGRESS, PLAIN], memory, 0.5)
+    before = judge.score(*args)
+    parts, total = before
+    # Hand-computed: progress 1 at depth 0, length 2 x -0.05, likelihood 0.5 x 0.5.
+    assert parts == {
+        "error": 0.0,
+        "progress": 1.0,
+        "repeat": 0.0,
+        "failed": 0.0,
+        "premature": 0.0,
+        "length": -0.1,
+        "likelihood": 0.25,
+    }
+    assert total == 1.15
+    assert judge.score(*args, outcomes=[]) == before  # a learned simulator's rollout: no verdicts
+    assert judge.score(*args, outcomes=[None, None]) == before
+
+
+class TrapOracle:
+    """A scripted decider that likes the trap best (scores) but plans like the expert inside rollouts, and a
+    texts-only simulator that predicts TrapToy's texts exactly (it cannot tell a losing step from a good one)."""
+
+    def __init__(self, task: Task) -> None:
+        self.task = task
+
+    def _replay(self, actions: list[str]) -> tuple[TrapToy, str]:
+        env = TrapToy()
+        text = env.reset(self.task).text
+        for a in actions:
+            text = env.step(Action.command(a)).observation.text
+        return env, text
+
+    def decide(self, req, text: str) -> str:
+        return toy_expert_action(self._replay(prompt_actions(text))[0])
+
+    def simulate(self, req, text: str) -> str:
+        return self._replay([*prompt_actions(text), prompt_action(text)])[1]
+
+    def score(self, req, text: str) -> list[float]:
+        best = toy_expert_action(self._replay(prompt_actions(text))[0])
+        return [0.0 if c == "pull lever" else (-1.0 if c == best else -5.0) for c in req.candidates]
+
+
+def test_the_oracle_planner_avoids_a_losing_first_action_a_texts_only_judge_takes():
+    task = TOY_TASKS[1]
+    traces = {}
+    for simulator in ("model", "env"):
+        oracle = TrapOracle(task)
+        engine = ScriptedEngine(oracle.decide, oracle.simulate, oracle.score)
+        cfg = PlannerConfig(
+            arm="simplan", k=3, horizon=2, adaptive=False, max_history=50, raise_errors=True, simulator=simulator
+        )
+        planner = Planner(engine, TrapToy(), cfg)
+        try:
+            traces[simulator] = planner.run(task).trace
+        finally:
+            planner.close()
+    model, env = traces["model"], traces["env"]
+    # The texts read like progress: the texts-only judge pulls the lever at once and loses.
+    assert [e.action for e in model.of_type("act")] == ["pull lever"]
+    assert not model.of_type("end")[0].success
+    assert all(c.outcomes is None and "lost" not in c.parts for e in model.of_type("imagine") for c in e.candidates)
+    # The env's verdict: the lever loses, so it is never taken and the episode is won.
+    assert env.of_type("end")[0].success
+    assert "pull lever" not in [e.action for e in env.of_type("act")]
+    levers = [c for e in env.of_type("imagine") for c in e.candidates if c.actions[0] == "pull lever"]
+    assert levers and all(not c.chosen and c.parts["lost"] == -10.0 for c in levers)
+    assert all(len(c.outcomes) == 1 and c.outcomes[0].startswith("lost score=") for c in levers)
+    assert all(len(c.actions) == 1 for c in levers)  # the rollout stopped at the end of the episode
+    # The trace round-trips the verdicts; an older trace without them loads with None.
+    records = env.to_dicts()
+    outcomes = [c.outcomes for e in env.of_type("imagine") for c in e.candidates]
+    assert [c.outcomes for e in EpisodeTrace.from_dicts(records).of_type("imagine") for c in e.candidates] == outcomes
+    for r in records:
+        for c in r.get("candidates", []):
+            del c["outcomes"]
+    old = EpisodeTrace.from_dicts(records)
+    assert all(c.outcomes is None for e in old.of_type("imagine") for c in e.candidates)
+
+
+def test_a_plan_is_committed_up_to_a_step_the_env_says_loses():
+    oracle = TrapOracle(TOY_TASKS[1])
+    planner = Planner(ScriptedEngine(oracle.decide, oracle.simulate, oracle.score), TrapToy(), PlannerConfig())
+    east, lever = Action.command("go east"), Action.command("pull lever")
+    plan = Rollout([east, lever], [PLAIN, PROGRESS], outcomes=[Outcome(), Outcome(done=True)])
+    assert [q.action for q in planner._commit(plan, 5.0, "plan")] == [east]
+    plan.outcomes = []  # a texts-only rollout: both queued, as before
+    assert [q.action for q in planner._commit(plan, 5.0, "plan")] == [east, lever]
+    planner.close()
