@@ -21,10 +21,12 @@ to its first predicted failure after the first action: the planner never commits
                 `accept_patterns`; no verdict (neither declared): not judged.
     length      per scored step (a small cost that prefers shorter plans at equal merit)
     likelihood  the decider's probability of the first action (0..1)
-    won, lost   only where the env's verdict on a predicted step is known (`Outcome`, from the env oracle): a
-                step predicted to end the episode won / unwon, discounted by depth. The rollout is scored up
-                to that step (nothing after an ended episode is real), and a step whose reward is positive
-                counts as progress even when its text names none. Texts-only predictions (a learned
+    won, lost   only where the env's verdict on a predicted step is known (`Outcome`, from the env oracle): the
+                first action predicted to end the episode unwon (lost), a step predicted to win (won, discounted
+                by depth). The rollout is scored up to that step (nothing after an ended episode is real); an
+                imagined follow-up that loses is cut there, like one that fails, not held against the first
+                action (the planner commits the plan only up to it). A step whose reward is positive counts
+                as progress even when its text names none. Texts-only predictions (a learned
                 simulator) have no verdict: these parts are absent and the score is what the texts give.
 
 Simulator confidence (`confidence`, weight `JudgeWeights.confidence`, 0 by default): the parts a predicted
@@ -246,6 +248,8 @@ class Judge:
             out = outcomes[depth] if outcomes is not None and depth < len(outcomes) else None
             if depth > 0 and obs is not None and self.is_error(obs):
                 break  # an imagined follow-up that fails is cut, not held against the first action
+            if depth > 0 and out is not None and out.lost:
+                break  # so is one that loses the game: the planner commits the plan only up to it
             steps += 1
             if key in memory.failed_actions and memory.failure_classes.get(key) != "transient":
                 failed += d

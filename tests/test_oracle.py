@@ -361,9 +361,12 @@ def test_the_judge_ranks_a_lost_rollout_below_no_progress_and_a_won_one_above_al
         ["pull lever", "take key"], [PROGRESS, PROGRESS], memory, 1.0, outcomes=[Outcome(done=True), Outcome(True)]
     )
     assert (follow_parts, follow) == (lost_parts, lost)
-    # A loss one step deep is discounted; a positive reward counts as progress where the text names none.
+    # A follow-up that loses is cut, not held against the first action (as a failing follow-up is); a win one
+    # step deep is discounted; a positive reward counts as progress where the text names none.
     deep, _ = judge.score(["look", "pull lever"], [PLAIN, PLAIN], memory, outcomes=[on, Outcome(done=True)])
-    assert deep["lost"] == -9.0 and deep["progress"] == 0.0 and deep["length"] == -0.1
+    assert deep["lost"] == 0.0 and deep["progress"] == 0.0 and deep["length"] == -0.05
+    late_win, _ = judge.score(["look", "open door"], [PLAIN, PLAIN], memory, outcomes=[on, Outcome(True, True)])
+    assert late_win["won"] == 9.0 and late_win["length"] == -0.1
     rewarded, _ = judge.score(["go east"], [PLAIN], memory, outcomes=[Outcome(reward=0.5, score=0.5)])
     assert rewarded["progress"] == 1.0
 
