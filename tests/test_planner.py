@@ -389,7 +389,10 @@ def test_summarize_matches_hand_computed_values(tmp_path):
     from simplan.inference.trace import append_trace
 
     t = EpisodeTrace.start("ep-1", "toy", {"task_id": "corridor-7", "fold": "dev", "family": "corridor"}, "simplan")
-    cands = [CandidateRecord(0, ["go east"], ["Room 2."], None, {"error": 0.0}, 0.5, True), CandidateRecord(1)]
+    cands = [
+        CandidateRecord(0, ["go east"], ["Room 2."], parts={"error": 0.0}, total=0.5, chosen=True),
+        CandidateRecord(1),
+    ]
     t.add(ImagineEvent(candidates=cands, horizon=1, model_calls=2, prompt_tokens=100, completion_tokens=10, seconds=1))
     t.add(CommitEvent(plan=[PlanItem("go east", "Room 2.")]))
 
