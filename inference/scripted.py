@@ -160,12 +160,14 @@ def toy_expert_action(env: ToyEnv) -> str:
 class ToyOracle:
     """Perfect decider and simulator for one toy task, by replaying a prompt's actions on a fresh env."""
 
+    env_class: type[ToyEnv] = ToyEnv  # a toy variant (a subclass) replays the same way
+
     def __init__(self, task: Task, confidence: float = 5.0) -> None:
         self.task = task
         self.confidence = confidence  # logprob gap between the expert action and the others
 
     def _replay(self, actions: list[str]) -> tuple[ToyEnv, str]:
-        env = ToyEnv()
+        env = self.env_class()
         text = env.reset(self.task).text
         for a in actions:
             text = env.step(Action.command(a)).observation.text

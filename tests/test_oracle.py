@@ -21,7 +21,7 @@ from simplan.inference.faults import FaultConfig, FaultyEnv
 from simplan.inference.judge import Judge, JudgeMemory, JudgeWeights, Outcome
 from simplan.inference.oracle import EnvOracle, OracleTimeout, executed_actions, same_env_factory
 from simplan.inference.planner import Planner, PlannerConfig, Rollout
-from simplan.inference.scripted import ScriptedEngine, ToyOracle, prompt_action, prompt_actions, toy_expert_action
+from simplan.inference.scripted import ScriptedEngine, ToyOracle, prompt_actions, toy_expert_action
 from simplan.inference.trace import EpisodeTrace
 
 TOY_TASKS = ToyEnv().tasks("dev")[2:5]
@@ -391,25 +391,11 @@ def test_texts_only_rollouts_score_exactly_as_before():
     assert judge.score(*args, outcomes=[None, None]) == before
 
 
-class TrapOracle:
+class TrapOracle(ToyOracle):
     """A scripted decider that likes the trap best (scores) but plans like the expert inside rollouts, and a
     texts-only simulator that predicts TrapToy's texts exactly (it cannot tell a losing step from a good one)."""
 
-    def __init__(self, task: Task) -> None:
-        self.task = task
-
-    def _replay(self, actions: list[str]) -> tuple[TrapToy, str]:
-        env = TrapToy()
-        text = env.reset(self.task).text
-        for a in actions:
-            text = env.step(Action.command(a)).observation.text
-        return env, text
-
-    def decide(self, req, text: str) -> str:
-        return toy_expert_action(self._replay(prompt_actions(text))[0])
-
-    def simulate(self, req, text: str) -> str:
-        return self._replay([*prompt_actions(text), prompt_action(text)])[1]
+    env_class = TrapToy
 
     def score(self, req, text: str) -> list[float]:
         best = toy_expert_action(self._replay(prompt_actions(text))[0])

@@ -142,6 +142,18 @@ def test_reactive_toy_run_counts_every_decider_prompt(tmp_path) -> None:
     assert m.prompt_per_decision == pytest.approx(metered_prompt_tokens(engine.requests()) / decisions)
     assert m.prefilled_per_decision == m.prompt_per_decision  # the scripted engine reuses nothing
     assert m.prompt_cache_share == 0.0
+    # each decision's prompt splits into its scored candidates and its context (the scripted engine counts words)
+    imagines = result.trace.of_type("imagine")
+    assert len(imagines) == decisions > 1  # one scored decision per real step
+    for e, req in zip(imagines, engine.requests(), strict=True):
+        candidates = sum(max(1, len(c.split())) for c in req.candidates)
+        assert e.candidate_tokens == e.decision_candidate_tokens == candidates > 0
+        context = e.prompt_tokens - e.cached_prompt_tokens - e.candidate_tokens
+        assert context == max(1, len(last_user_content(req.messages, req.prompt).split()))  # nothing reused
+    total = sum(e.candidate_tokens for e in imagines)
+    assert m.candidate_tokens_per_decision == pytest.approx(total / m.decisions)
+    assert m.candidate_tokens_per_real_step == pytest.approx(total / m.real_steps)
+    assert m.context_prefilled_per_decision == pytest.approx(m.prefilled_per_decision - total / m.decisions)
 
 
 def test_simplan_toy_run_splits_decisions_from_imagination() -> None:
@@ -244,28 +256,6 @@ def test_trace_written_before_the_candidate_fields_loads_and_reports_dashes(tmp_
     md = write_report([run], tmp_path / "report")["md"].read_text()
     row = next(line for line in md.splitlines() if line.startswith("| run | reactive | 1 | 1 | 0 |"))
     assert "| 100.0 / 60.0 | - | 100.0 / 60.0 | - | - | - | - | 40.0% |" in row
-
-
-def test_scripted_reactive_run_splits_context_from_candidates() -> None:
-    env = ToyEnv()
-    task = env.tasks("dev")[3]
-    oracle = ToyOracle(task)
-    engine = ScriptedEngine(oracle.decide, oracle.simulate, oracle.score)
-    cfg = PlannerConfig(arm="reactive", max_history=50, raise_errors=True)
-    result = Planner(engine, env, cfg).run(task)
-    imagines = result.trace.of_type("imagine")
-    requests = engine.requests()
-    assert len(imagines) == len(requests) > 1  # one scored decision per real step
-    for e, req in zip(imagines, requests):
-        candidates = sum(max(1, len(c.split())) for c in req.candidates)  # ScriptedEngine counts words
-        assert e.candidate_tokens == e.decision_candidate_tokens == candidates > 0
-        context = e.prompt_tokens - e.cached_prompt_tokens - e.candidate_tokens
-        assert context == max(1, len(last_user_content(req.messages, req.prompt).split()))  # nothing reused
-    (m,) = aggregate(records_from_traces([result.trace]))
-    total = sum(e.candidate_tokens for e in imagines)
-    assert m.candidate_tokens_per_decision == pytest.approx(total / m.decisions)
-    assert m.candidate_tokens_per_real_step == pytest.approx(total / m.real_steps)
-    assert m.context_prefilled_per_decision == pytest.approx(m.prefilled_per_decision - total / m.decisions)
 
 
 def test_hf_prefix_cache_prefills_only_the_new_turn(monkeypatch) -> None:
