@@ -9,7 +9,8 @@
 The decider learns the actions of steps whose source is worth imitating (expert, recovery) and that
 did not fail; noise steps are never targets but stay in the context, so the decider learns to
 recover. The simulator learns the real next observation of every step (noise and random ones
-included, so error observations are learned).
+included, so error observations are learned); with `verdicts` (the default) a step that ended the
+episode adds the env's verdict line, `[episode over: won]` or `[episode over: lost]` (data/format.py).
 
 `format: conversation` (the default) replays each trajectory into one EpisodeState and renders it
 as the role's conversation (data/episode.py): one sequence per window of the episode, loss on every
@@ -100,6 +101,13 @@ class BuildConfig:
     show_valid: bool = field(
         default=False, metadata={"help": "conversation: list the valid actions in every decider user turn"}
     )
+    verdicts: bool = field(
+        default=True,
+        metadata={
+            "help": "simulator: a step that ended the episode gets the env's verdict as the reply's last line "
+            "([episode over: won] / [episode over: lost]), which the planner judges; false: observations only"
+        },
+    )
     max_completion_tokens: int | None = field(
         default=None,
         metadata={
@@ -187,6 +195,7 @@ class BuildConfig:
             show_valid=self.show_valid,
             max_failures=self.max_failures,
             max_history=self.max_history,
+            verdicts=self.verdicts and self.role == "simulator",  # a decider's replies are actions
         )
 
 
@@ -333,6 +342,7 @@ def skip_reason(step: Any, cfg: BuildConfig) -> str | None:
 def make_candidates(trajectories: list[Trajectory], cfg: BuildConfig, counts: Counter) -> list[Candidate]:
     """One candidate per step that the role learns from; `counts` collects skipped steps by reason."""
     decider = cfg.role == "decider"
+    verdicts = cfg.settings().verdicts
     out: list[Candidate] = []
     for traj in trajectories:
         transient = transient_patterns(traj, cfg)  # left out of the failure memory, as the planner does
@@ -342,7 +352,8 @@ def make_candidates(trajectories: list[Trajectory], cfg: BuildConfig, counts: Co
                 counts[reason] += 1
                 continue
             action = fmt.render_action(step.action)
-            completion = action if decider else fmt.observation_completion(step.next_observation)
+            verdict = fmt.episode_verdict(step.done, step.won) if verdicts else None
+            completion = action if decider else fmt.observation_completion(step.next_observation, verdict)
             meta = {
                 **trajectory_meta(traj),
                 "step": step.index,

@@ -18,7 +18,9 @@ The decider's conversation: a system message (instructions, goal, tools, the fai
 one user turn per step (the observation, the valid actions when `show_valid` is set, notes) and one
 assistant turn per action. The simulator's is mirrored: the system message also holds the
 observation the window starts from, each action is a user turn and the observation it led to the
-assistant turn.
+assistant turn. With `PromptSettings.verdicts`, the reply to a step that ended the episode ends with the
+env's verdict line (`[episode over: won]` / `[episode over: lost]`, data/format.py), so a simulator learns to
+say when an action ends the game; a truncated episode's last step gets none.
 
 Windows. An episode longer than the token budget is cut into windows, each repeating the system
 message (with the goal as it stands at the window's start) and starting `overlap` steps before its
@@ -49,7 +51,9 @@ from simplan.data.format import (
     SECTION_TOOLS,
     SECTION_VALID,
     TOOL_ACTION_HINT,
+    episode_verdict,
     failure_note,
+    observation_completion,
     render_action,
     render_tools,
     text_token_counter,
@@ -81,6 +85,10 @@ class PromptSettings:
     show_valid: bool = False  # list the valid actions in every decider user turn
     max_failures: int = 5  # failure-memory lines in a window's system message (newest distinct)
     max_history: int | None = 8  # step format only: recent steps a prompt shows before the budget trims
+    # Simulator: a reply to a step that ended the episode ends with the env's verdict line (data/format.py
+    # VERDICT_MARKER), which the planner splits off and judges. False where the key is missing: an adapter
+    # trained before it never writes the line, and its replies are read as they are.
+    verdicts: bool = False
 
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
@@ -88,6 +96,8 @@ class PromptSettings:
         for name, low in (("budget", 1), ("reserve", 0), ("overlap", 0), ("max_failures", 0), ("max_history", 0)):
             if getattr(self, name) is not None and getattr(self, name) < low:
                 raise ValueError(f"{name}: must be >= {low}, got {getattr(self, name)!r}")
+        if not isinstance(self.verdicts, bool):
+            raise ValueError(f"verdicts: must be true or false, got {self.verdicts!r}")
         if self.format == "conversation" and self.reserve >= self.budget:
             raise ValueError(f"reserve: {self.reserve} leaves nothing of the budget {self.budget}")
 
@@ -153,6 +163,7 @@ class Turn:
     failure: str | None = None
     learn: bool = True  # a training target of the role the state was built for
     imagined: bool = False
+    verdict: str | None = None  # "won" / "lost": this step ended the episode (data/format.py episode_verdict)
 
 
 @dataclass
@@ -241,6 +252,7 @@ class EpisodeState:
                     error=s.error,
                     failure="transient" if s.error and any(p.search(s.next_observation) for p in transient) else None,
                     learn=learn(s),
+                    verdict=episode_verdict(s.done, s.won),
                 )
             )
         if traj.steps:
@@ -357,6 +369,11 @@ class ConversationRenderer:
         parts += [SECTION_NOTE.format(note=n) for n in turn.notes]
         return "\n\n".join(parts)
 
+    def simulator_reply(self, turn: Turn) -> str:
+        """The simulator's assistant turn of a closed step: the observation, with the verdict line when the step
+        ended the episode and the settings ask for verdicts."""
+        return observation_completion(turn.next_observation or "", turn.verdict if self.settings.verdicts else None)
+
     # -- windows ---------------------------------------------------------------------------------
     def _count(self, texts: list[str]) -> list[int]:
         new = [t for t in dict.fromkeys(texts) if t not in self._counts]
@@ -377,6 +394,7 @@ class ConversationRenderer:
             replies = [state.turns[t].action or "" for t in range(n)]
         else:
             prompts = [state.turns[t].action or "" for t in range(n)]
+            # Without the verdict line: it closes the episode's last step, which no later step's window counts.
             replies = [state.turns[t].next_observation or "" for t in range(n)]
         p_tok = self._count(prompts)
         r_tok = self._count(replies)
@@ -446,7 +464,7 @@ class ConversationRenderer:
             weights.append(0)
             steps.append(t)
             if t < end or close_last:
-                messages.append({"role": "assistant", "content": (turn.next_observation or "").strip()})
+                messages.append({"role": "assistant", "content": self.simulator_reply(turn)})
                 weights.append(1 if turn.learn and not turn.imagined else 0)
                 steps.append(t)
         return messages, weights, steps

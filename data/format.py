@@ -76,6 +76,10 @@ ASK_DECIDER = "Next action?"
 ASK_SIMULATOR = "Observation after this action?"
 HISTORY_ITEM = "> {action}\n{observation}"
 ERROR_MARK = " [failed]"
+# The last line of a simulator reply for a step that ended the episode (PromptSettings.verdicts): the env's verdict,
+# which the episode's final text alone often does not show (a TWX game lost on one wrong action says nothing).
+VERDICT_MARKER = "[episode over: {verdict}]"
+VERDICTS = ("won", "lost")
 FINISH_TEXT = "finish()"
 
 
@@ -355,9 +359,38 @@ def simulator_messages(state: PromptState, action: Action | str) -> Messages:
     return [{"role": "system", "content": SIMULATOR_SYSTEM}, {"role": "user", "content": user}]
 
 
-def observation_completion(observation: str) -> str:
-    """The simulator's target text for an observation."""
-    return observation.strip()
+def observation_completion(observation: str, verdict: str | None = None) -> str:
+    """The simulator's reply: the observation, then, for a step that ended the episode (`episode_verdict`), the
+    verdict line. Both formats' builders and the conversation renderer write every simulator reply with it."""
+    text = observation.strip()
+    return text if verdict is None else f"{text}\n{verdict_line(verdict)}"
+
+
+def episode_verdict(done: bool, won: bool) -> str | None:
+    """ "won" or "lost" for a step that ended the episode (the env's `done`), None for one it goes on after (a
+    step cap that truncated a recording is not an end: the env gave no verdict)."""
+    if not done:
+        return None
+    return "won" if won else "lost"
+
+
+def verdict_line(verdict: str) -> str:
+    if verdict not in VERDICTS:
+        raise ValueError(f"verdict: {verdict!r} is not one of {VERDICTS}")
+    return VERDICT_MARKER.format(verdict=verdict)
+
+
+def split_verdict(text: str) -> tuple[str, str | None]:
+    """(the reply without its verdict line, "won" / "lost" / None) of a simulator reply.
+
+    Strict: only a final line that is exactly a verdict marker (whitespace around it aside) is a verdict; a
+    marker inside the text or sharing its line with other words is part of the observation, returned as it is.
+    """
+    head, _, last = text.rstrip().rpartition("\n")
+    for verdict in VERDICTS:
+        if last.strip() == VERDICT_MARKER.format(verdict=verdict):
+            return head.strip(), verdict
+    return text, None
 
 
 # ---------------------------------------------------------------------------------------------

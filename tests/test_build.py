@@ -156,7 +156,10 @@ def test_simulator_learns_every_transition_including_errors(tmp_path, tokenizer,
     assert err[0]["prompt"][0]["content"] == fmt.SIMULATOR_SYSTEM
     by_traj = {t.id: t for t in trajs}
     for r in train:
-        assert r["completion"] == by_traj[r["trajectory_id"]].steps[r["step"]].next_observation
+        step = by_traj[r["trajectory_id"]].steps[r["step"]]
+        verdict = ("\n[episode over: won]" if step.won else "\n[episode over: lost]") if step.done else ""
+        assert r["completion"] == step.next_observation + verdict  # the episode's end says how it ended
+    assert sum(r["completion"].endswith("[episode over: won]") for r in train) == sum(t.success for t in trajs) > 0
 
 
 def test_dedupe_counts_identical_pairs_within_a_fold(tmp_path, tokenizer, model_dir):
@@ -207,7 +210,7 @@ def test_budget_drops_history_never_completions_and_counts_drops(tmp_path, token
     for r in train:
         traj = by_traj[r["trajectory_id"]]
         step = traj.steps[r["step"]]
-        assert r["completion"] == step.next_observation  # whole, never cut
+        assert fmt.split_verdict(r["completion"])[0] == step.next_observation  # whole, never cut
         assert r["prompt_tokens"] == count(r["prompt"]) <= budget
         assert r["history_kept"] + r["history_dropped"] == r["step"]
         if r["history_dropped"]:  # the longest suffix that fits: one more step would not

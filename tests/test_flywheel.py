@@ -399,9 +399,12 @@ def test_simulator_check_is_skipped_without_before_and_refuses_another_prompt_la
     flywheel = Flywheel(FlywheelConfig(**keys, before="runs/nowhere", build={"max_prompt_tokens": 384}))
     with pytest.raises(ValueError, match=r"budget: 640 there, 384 here.*set the round's `build` keys"):
         flywheel.stage("simulator-check")
-    assert Flywheel(FlywheelConfig(**keys, before="runs/nowhere", build={"max_prompt_tokens": 640})).stage(
-        "simulator-check"
-    ).config["contents"] == {"runs/nowhere": "missing"}
+    # An adapter from before verdicts travelled learned none; a round that builds them (the default) is refused.
+    default = Flywheel(FlywheelConfig(**keys, before="runs/nowhere", build={"max_prompt_tokens": 640}))
+    with pytest.raises(ValueError, match=r"verdicts: False there, True here"):
+        default.stage("simulator-check")
+    same = Flywheel(FlywheelConfig(**keys, before="runs/nowhere", build={"max_prompt_tokens": 640, "verdicts": False}))
+    assert same.stage("simulator-check").config["contents"] == {"runs/nowhere": "missing"}
     with pytest.raises(ValueError, match=r"simulator_check: \['adapter'\] are set by the flywheel"):
         FlywheelConfig(**keys, simulator_check={"adapter": "x"})
 
