@@ -21,13 +21,14 @@ to its first predicted failure after the first action: the planner never commits
                 `accept_patterns`; no verdict (neither declared): not judged.
     length      per scored step (a small cost that prefers shorter plans at equal merit)
     likelihood  the decider's probability of the first action (0..1)
-    won, lost   only where the env's verdict on a predicted step is known (`Outcome`, from the env oracle): the
+    won, lost   only where the env's verdict on a predicted step is known (`Outcome`: from the env oracle, or
+                from a learned simulator trained with verdicts, whose reply ends "[episode over: won|lost]"): the
                 first action predicted to end the episode unwon (lost), a step predicted to win (won, discounted
                 by depth). The rollout is scored up to that step (nothing after an ended episode is real); an
                 imagined follow-up that loses is cut there, like one that fails, not held against the first
                 action (the planner commits the plan only up to it). A step whose reward is positive counts
                 as progress even when its text names none. Texts-only predictions (a learned
-                simulator) have no verdict: these parts are absent and the score is what the texts give.
+                simulator without verdicts) have none: these parts are absent and the score is what the texts give.
 
 Simulator confidence (`confidence`, weight `JudgeWeights.confidence`, 0 by default): the parts a predicted
 observation decides (error, progress, and premature when judged from the prediction) shrink toward 0 as
@@ -130,7 +131,8 @@ class JudgeWeights:
 
 @dataclass(frozen=True)
 class Outcome:
-    """The env's verdict on a predicted step (the env oracle knows it; a learned simulator does not)."""
+    """The env's verdict on a predicted step: the env oracle knows it; a learned simulator trained with verdicts
+    predicts done and won (its reward and score are unknown: 0)."""
 
     done: bool = False
     won: bool = False

@@ -19,11 +19,12 @@ From the command line: `simplan run --env toy --task corridor-100 --arm simplan 
    (planner_config.Router) sets the depth: 0 when the decider is confident (adaptive), or with
    `router: selective` wherever the simulator is unreliable on the top candidate's verb and the
    decider is sure (inference/sim_accuracy.py): the top action is then taken with no simulator call.
-   With simulator "env" the env oracle answers, with its verdict (done, won, score); a rollout ends
-   at a step that ends the episode.
+   With simulator "env" the env oracle answers, with its verdict (done, won, score); a simulator
+   trained with verdicts (PromptSettings.verdicts) says "[episode over: won|lost]" on its reply's last
+   line, split off into the same verdict. A rollout ends at a step that ends the episode.
 2. Judge: inference/judge.py scores each rollout with explicit parts; all are logged.
 3. Commit: the best rollout's actions are queued with their expectations (predicted observations),
-   cut before the first predicted error (or, with simulator "env", before a step the env says loses).
+   cut before the first predicted error or a step predicted to lose (a verdict, from the env or the simulator).
 4. Act and watch: queued actions run for real with no model calls while nothing fires. Before each
    queued action after a plan's first, when the env lists all valid actions, it must be among
    them (pivot `not_valid_now`): a plan made for an imagined state is not tried in a real state
@@ -64,6 +65,7 @@ from simplan.data.format import (
     failure_note,
     render_action,
     simulator_messages,
+    split_verdict,
     state_from_steps,
 )
 from simplan.envs.base import (
@@ -169,7 +171,8 @@ class Rollout:
     logprob: float | None = None
     alive: bool = True
     confidence: list[float | None] = field(default_factory=list)  # simulator's mean token logprob per prediction
-    # The env's verdict on each prediction (simulator "env" only; a learned simulator gives none: empty).
+    # The env's verdict on each prediction: the env oracle's, or a learned simulator's verdict line when it was
+    # trained with verdicts (PromptSettings.verdicts); empty for a simulator without them.
     outcomes: list[Outcome | None] = field(default_factory=list)
 
 
@@ -926,8 +929,7 @@ class Planner:
                 ckey = self._cache_key(state, r.actions[-1])
                 if cfg.sim_cache and ckey in self.cache:
                     text, confidence = self.cache[ckey]
-                    r.predicted.append(text)
-                    r.confidence.append(confidence)
+                    self._add_prediction(r, text, confidence)
                     hits += 1
                     continue
                 pending.append((r, ckey))
@@ -946,12 +948,10 @@ class Planner:
                     confidence = res.completions[0].mean_logprob if res.completions else None
                     if not text:
                         self._parse_failure(ep, "simulator", text, "empty prediction", "dropped")
-                        r.predicted.append(None)
-                        r.confidence.append(None)
+                        self._add_prediction(r, None, None)
                         r.alive = False
                         continue
-                    r.predicted.append(text)
-                    r.confidence.append(confidence)
+                    self._add_prediction(r, text, confidence)
                     if cfg.sim_cache:
                         self.cache[ckey] = (text, confidence)
             for r in alive:
@@ -983,6 +983,22 @@ class Planner:
                     self._parse_failure(ep, "decider", text, str(e), "dropped")
                     r.alive = False
         return hits
+
+    def _add_prediction(self, r: Rollout, text: str | None, confidence: float | None) -> None:
+        """Append a learned simulator's prediction to `r`. A simulator trained with verdicts (its
+        PromptSettings.verdicts) ends the reply to a step that ends the episode with a verdict line: it is split
+        off (the text is what expectations and pivots compare with real observations, which carry none) and
+        becomes the step's Outcome, ending the rollout there as the env oracle's verdict does. An adapter
+        without the setting gives no outcomes, and its text is kept as it is."""
+        verdict = None
+        if text is not None and self.prompts.simulator_settings.verdicts:
+            text, verdict = split_verdict(text)
+        r.predicted.append(text)
+        r.confidence.append(confidence)
+        if self.prompts.simulator_settings.verdicts:
+            r.outcomes.append(None if verdict is None else Outcome(done=True, won=verdict == "won"))
+        if verdict is not None:
+            r.alive = False  # nothing after the end of the episode is real
 
     def _env_predictions(self, ep: _Episode, alive: list[Rollout]) -> int:
         """Predict each rollout's latest observation with the env oracle (simulator "env"); returns cache hits.

@@ -163,12 +163,13 @@ class PlannerConfig:
     w_lost: float = field(
         default=-10.0,
         metadata=_help(
-            "judge weight (<= 0): a predicted step the env says ends the episode unwon (simulator env only: a "
-            "learned simulator gives no verdict); large, so it outweighs progress and likelihood"
+            "judge weight (<= 0): a predicted step the env says ends the episode unwon (the env oracle's verdict, "
+            "or a simulator trained with verdicts); large, so it outweighs progress and likelihood"
         ),
     )
     w_won: float = field(
-        default=10.0, metadata=_help("judge weight (>= 0): a predicted step the env says wins (simulator env only)")
+        default=10.0,
+        metadata=_help("judge weight (>= 0): a predicted step the env says wins (env oracle or simulator verdicts)"),
     )
     w_length: float = field(default=-0.05, metadata=_help("judge weight: per imagined step"))
     w_likelihood: float = field(default=0.5, metadata=_help("judge weight: decider probability of the 1st action"))

@@ -12,6 +12,10 @@ Decider metrics: `exact` (the next action, whitespace-normalised, equals the dat
 Simulator metrics: `exact`, `token_f1` (bag-of-words F1, lower-cased) and precision/recall of
 predicting an error observation: rows carry an `error` flag for their target, and a prediction
 counts as an error when it equals (normalised) one of the error observations seen in the dataset.
+On a dataset built with verdicts (prompt_settings.json `verdicts`: a reply to a step that ended the
+episode ends with `[episode over: won|lost]`), `verdict_recall` / `verdict_precision` say how well the
+simulator calls the end of an episode, over the `verdict_rows` targets with one; `exact` compares the
+texts with their verdict lines.
 
 `--replay` (decider) plays each miss in its environment (simplan.data.replay): `equivalent` is the
 share of rows whose prediction is a later step of the expert plan that, done now, leaves a path as
@@ -52,7 +56,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from simplan.data.build import step_rows
-from simplan.data.format import prompt_text
+from simplan.data.episode import read_settings
+from simplan.data.format import prompt_text, split_verdict
 from simplan.data.io import iter_jsonl, write_json, write_jsonl, write_text
 from simplan.inference.sim_accuracy import ACCURACY_FILE, SimulatorAccuracy, simulator_prompt_action
 
@@ -199,8 +204,13 @@ def decider_metrics(
 
 
 def simulator_metrics(
-    preds: list[str], stopped: list[bool] | None, rows: list[dict[str, Any]], error_texts: set[str]
+    preds: list[str],
+    stopped: list[bool] | None,
+    rows: list[dict[str, Any]],
+    error_texts: set[str],
+    verdicts: bool = False,
 ) -> dict[str, Any]:
+    """`verdicts`: the dataset was built with verdict lines (its PromptSettings.verdicts); adds `verdict_metrics`."""
     n = max(len(rows), 1)
     exact = sum(normalize(p) == normalize(r["completion"]) for p, r in zip(preds, rows))
     f1 = sum(token_f1(p, r["completion"]) for p, r in zip(preds, rows))
@@ -217,7 +227,25 @@ def simulator_metrics(
         out["error_precision"] = tp / sum(guess) if sum(guess) else None
         out["error_recall"] = tp / sum(gold) if sum(gold) else None
         out["error_rows"] = sum(gold)
+    if verdicts:
+        out |= verdict_metrics(preds, rows)
     return out
+
+
+def verdict_metrics(preds: list[str], rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """How well predictions say when a step ends the episode (data/format.py split_verdict, the planner's reading):
+    `verdict_recall`, of the rows whose target ends with a verdict, the share predicted with the same verdict;
+    `verdict_precision`, of the predictions with a verdict, the share whose target has it; `verdict_rows`, the
+    targets with one. None where nothing is counted."""
+    gold = [split_verdict(r["completion"])[1] for r in rows]
+    guess = [split_verdict(p)[1] for p in preds]
+    same = sum(g is not None and g == h for g, h in zip(gold, guess))
+    ended, said = sum(g is not None for g in gold), sum(h is not None for h in guess)
+    return {
+        "verdict_recall": same / ended if ended else None,
+        "verdict_precision": same / said if said else None,
+        "verdict_rows": ended,
+    }
 
 
 def simulator_verb_accuracy(preds: list[str], rows: list[dict[str, Any]]) -> SimulatorAccuracy:
@@ -367,6 +395,7 @@ def _metrics(
     verdicts: list[str | None] | None,
 ) -> dict[str, Any]:
     """The role's metrics on all rows, with `by_family`: the same on each task family's rows."""
+    verdicts_on = cfg.role == "simulator" and dataset_verdicts(cfg)  # the replies' verdict lines are scored
 
     def on(idx: list[int]) -> dict[str, Any]:
         def pick(values: list[Any] | None) -> list[Any] | None:
@@ -374,12 +403,18 @@ def _metrics(
 
         if cfg.role == "decider":
             return decider_metrics([preds[i] for i in idx], pick(stopped), [rows[i] for i in idx], pick(verdicts))
-        return simulator_metrics([preds[i] for i in idx], pick(stopped), [rows[i] for i in idx], errors)
+        return simulator_metrics([preds[i] for i in idx], pick(stopped), [rows[i] for i in idx], errors, verdicts_on)
 
     groups: dict[str, list[int]] = {}
     for i, r in enumerate(rows):
         groups.setdefault(str(r.get("family") or "?"), []).append(i)
     return {**on(list(range(len(rows)))), "by_family": {family: on(idx) for family, idx in sorted(groups.items())}}
+
+
+def dataset_verdicts(cfg: EvalModelConfig) -> bool:
+    """Whether the dataset's simulator replies carry verdict lines (its prompt_settings.json; False without one)."""
+    settings = read_settings(_dataset_root(cfg))
+    return settings is not None and settings.verdicts
 
 
 def _trajectory_files(cfg: EvalModelConfig) -> list[Path]:
