@@ -334,6 +334,11 @@ class Flywheel(Pipeline):
     stage_names = FLYWHEEL_STAGES
 
     def __init__(self, cfg: FlywheelConfig) -> None:
+        saved = read_settings(cfg.simulator) if cfg.simulator else None
+        if saved is not None and "verdicts" not in cfg.build:
+            # The round continues the old simulator (lora_init): its data keeps the layout that adapter learned,
+            # verdict lines included or not, unless the round's `build` keys say otherwise.
+            cfg.build = {**cfg.build, "verdicts": saved.verdicts}
         super().__init__(cfg)  # type: ignore[arg-type]  # the fields the pipeline reads have the same names
         self.cfg: FlywheelConfig = cfg
 

@@ -399,12 +399,16 @@ def test_simulator_check_is_skipped_without_before_and_refuses_another_prompt_la
     flywheel = Flywheel(FlywheelConfig(**keys, before="runs/nowhere", build={"max_prompt_tokens": 384}))
     with pytest.raises(ValueError, match=r"budget: 640 there, 384 here.*set the round's `build` keys"):
         flywheel.stage("simulator-check")
-    # An adapter from before verdicts travelled learned none; a round that builds them (the default) is refused.
-    default = Flywheel(FlywheelConfig(**keys, before="runs/nowhere", build={"max_prompt_tokens": 640}))
-    with pytest.raises(ValueError, match=r"verdicts: False there, True here"):
-        default.stage("simulator-check")
-    same = Flywheel(FlywheelConfig(**keys, before="runs/nowhere", build={"max_prompt_tokens": 640, "verdicts": False}))
+    # An adapter from before verdicts travelled learned none: the round inherits that (both its builds), and a
+    # round that asks for verdict lines anyway is refused.
+    same = Flywheel(FlywheelConfig(**keys, before="runs/nowhere", build={"max_prompt_tokens": 640}))
     assert same.stage("simulator-check").config["contents"] == {"runs/nowhere": "missing"}
+    assert same.stage("build-simulator").config["build"]["verdicts"] is False
+    verdicts = Flywheel(
+        FlywheelConfig(**keys, before="runs/nowhere", build={"max_prompt_tokens": 640, "verdicts": True})
+    )
+    with pytest.raises(ValueError, match=r"verdicts: False there, True here"):
+        verdicts.stage("simulator-check")
     with pytest.raises(ValueError, match=r"simulator_check: \['adapter'\] are set by the flywheel"):
         FlywheelConfig(**keys, simulator_check={"adapter": "x"})
 
