@@ -26,6 +26,17 @@ deduplicated by id (the first finished trace wins). Definitions:
     simulated/reactive_decisions, routed_reactive, simulated/reactive_tokens  sums of the episodes'
                         (trace.EpisodeSummary): decisions with and without simulation, and their tokens
 
+Episode endings foreseen (trace.verdict_account; only episodes whose predictions carried verdicts, from the env
+oracle or a simulator trained with them: `verdict_episodes`; the rest count in none of these):
+    ending_steps        real steps that ended the episode and had a prediction; ending_foreseen: of those, the
+                        prediction carried the verdict the step had (won / lost); ending_foreseen_share
+    verdict_steps       real steps predicted to end the episode; verdict_false_alarms: of those, the episode went
+                        on or ended with the other verdict
+                        (these four sum the `verdict_episodes_recorded` episodes whose acts record the expected
+                        verdict, trace version 2; None when there is none)
+    candidates_predicted_lost  per decision, candidates' distinct first actions whose first step was predicted
+                        lost; lost_candidates_avoided: of those, not the action the decision took
+
 Transient failures and finishes (`RetryAccount`, from the act events; issue 20's tool-calling envs):
     transient_failures  real actions that failed transiently: an injected transient fault (fault ==
                         "transient") or an error observation matching the env's `transient_patterns`
@@ -309,6 +320,15 @@ class GroupMetrics:
     finish_calls: int = 0
     premature_finishes: int = 0
     premature_finish_episodes: int = 0
+    verdict_episodes: int = 0
+    verdict_episodes_recorded: int = 0
+    ending_steps: int | None = None
+    ending_foreseen: int | None = None
+    ending_foreseen_share: float | None = None
+    verdict_steps: int | None = None
+    verdict_false_alarms: int | None = None
+    candidates_predicted_lost: int = 0
+    lost_candidates_avoided: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -370,7 +390,25 @@ def group_metrics(arm: str, family: str, records: list[EpisodeRecord]) -> GroupM
     m.losses = {label: lost[label] for label in LOSS_CLASSES if lost[label]}
     prompt_step_metrics(m, records)
     retry_metrics(m, records)
+    verdict_metrics(m, ss)
     return m
+
+
+def verdict_metrics(m: GroupMetrics, ss: list[EpisodeSummary]) -> None:
+    """Fill m's episode-ending fields (module docstring): sums over the episodes that have verdicts."""
+    with_verdicts = [s for s in ss if s.verdicts]
+    m.verdict_episodes = len(with_verdicts)
+    m.candidates_predicted_lost = sum(s.candidates_predicted_lost for s in with_verdicts)
+    m.lost_candidates_avoided = sum(s.lost_candidates_avoided for s in with_verdicts)
+    recorded = [s for s in with_verdicts if s.ending_steps is not None]
+    m.verdict_episodes_recorded = len(recorded)
+    if not recorded:
+        return  # unknown, not zero: no episode's acts record the verdict predicted for them
+    m.ending_steps = sum(s.ending_steps or 0 for s in recorded)
+    m.ending_foreseen = sum(s.ending_foreseen or 0 for s in recorded)
+    m.verdict_steps = sum(s.verdict_steps or 0 for s in recorded)
+    m.verdict_false_alarms = sum(s.verdict_false_alarms or 0 for s in recorded)
+    m.ending_foreseen_share = _per(m.ending_foreseen, m.ending_steps)
 
 
 def retry_metrics(m: GroupMetrics, records: list[EpisodeRecord]) -> None:

@@ -181,6 +181,7 @@ class Queued:
     action: Action
     expectation: str | None
     source: str  # plan | reactive | fallback
+    verdict: str | None = None  # the ending predicted for this step (won | lost), traced on its act event
 
 
 @dataclass
@@ -525,6 +526,7 @@ class Planner:
                 action_key=item.action.key(),
                 observation=obs.text,
                 expectation=item.expectation,
+                expected_verdict=item.verdict,
                 match=match,
                 error=error,
                 reward=float(result.reward),
@@ -795,7 +797,8 @@ class Planner:
             outcome = rollout.outcomes[i] if i < len(rollout.outcomes) else None
             if i > 0 and (expectation is None or self.judge.is_error(expectation) or (outcome and outcome.lost)):
                 break  # never queue an action expected to fail or lose, nor one whose outcome was not imagined
-            queue.append(Queued(action, expectation, source))
+            verdict = None if outcome is None else ("won" if outcome.won else "lost" if outcome.done else None)
+            queue.append(Queued(action, expectation, source, verdict))
             if self.judge.is_error(expectation or "") or total < self.config.judge_threshold:
                 break  # a failing or low-scored plan: take one step and look again
         return queue

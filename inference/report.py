@@ -10,7 +10,8 @@ files with their size and SHA-256 so each number can be traced back, and writes:
   and real step, prefilled vs reused from the prefix cache; each pair of arms compared task by task:
   the success difference with its paired bootstrap interval and the exact McNemar p-value,
   inference/paired.py; success by game; lost episodes by loss class, inference/losses.py; transient
-  failures that got through and premature finishes, for runs that have any; pivot and replan reasons)
+  failures that got through and premature finishes, for runs that have any; episode endings foreseen by
+  the simulator's verdicts, for runs that have them; pivot and replan reasons)
   and plots/*.png next to it;
 - report.html, the same content with the plots embedded as base64 PNG (one file to share);
 - metrics.json, every run's per-arm and per-(arm, game) metrics (GroupMetrics) as numbers.
@@ -342,6 +343,60 @@ def retry_table(runs: list[RunData]) -> Table | None:
     )
 
 
+def of_count(part: int | None, whole: int | None) -> str:
+    """'part/whole [share]', '-' when unknown."""
+    if part is None or whole is None:
+        return "-"
+    return f"{part}/{whole}" + (f" [{pct(part / whole)}]" if whole else "")
+
+
+def verdict_table(runs: list[RunData]) -> Table | None:
+    """Were the predicted endings right, and did they change decisions: per arm, for the runs where some arm's
+    predictions carried verdicts; None when no run's did. The cells are metrics.json's counters."""
+    rows = []
+    for r in runs:
+        if not any(m.verdict_episodes for m in r.arms):
+            continue
+        for m in r.arms:
+            if not m.verdict_episodes:
+                rows.append([r.name, m.arm, f"0/{m.episodes}"] + ["-"] * 3)
+                continue
+            known = m.verdict_episodes_recorded
+            recorded = f" ({known} recorded)" if known < m.verdict_episodes else ""
+            rows.append(
+                [
+                    r.name,
+                    m.arm,
+                    f"{m.verdict_episodes}/{m.episodes}{recorded}",
+                    of_count(m.ending_foreseen, m.ending_steps),
+                    of_count(m.verdict_false_alarms, m.verdict_steps),
+                    of_count(m.lost_candidates_avoided, m.candidates_predicted_lost),
+                ]
+            )
+    if not rows:
+        return None
+    return Table(
+        "Episode endings foreseen",
+        [
+            "run",
+            "arm",
+            "episodes with verdicts",
+            "ending steps foreseen",
+            "false alarms / steps predicted to end",
+            "candidates predicted lost: avoided",
+        ],
+        rows,
+        "Only episodes whose predictions carried verdicts (the env oracle, or a simulator trained with "
+        "'[episode over: won|lost]'). An ending step is a real step that ended the episode and had a prediction; "
+        "foreseen when that prediction carried its verdict (won / lost). A false alarm is a real step predicted to "
+        "end that went on or ended with the other verdict. Candidates predicted lost count each decision's "
+        "distinct first actions whose first step was predicted lost; avoided when the decision took another. "
+        "metrics.json: ending_foreseen/ending_steps, verdict_false_alarms/verdict_steps, "
+        "lost_candidates_avoided/candidates_predicted_lost. Traces written before acts recorded their predicted "
+        "verdict count only in the last column ('recorded' episodes count in the others; '-' when none).",
+    )
+
+
 def lost_episodes_table(runs: list[RunData]) -> Table:
     rows = [
         [r.name, rec.loss.arm, rec.loss.family, rec.loss.episode_id, LOSS_LABELS[rec.loss.label], rec.loss.evidence]
@@ -610,6 +665,9 @@ def write_report(
     retries = retry_table(runs)
     if retries is not None:
         main.append(retries)
+    verdicts = verdict_table(runs)
+    if verdicts is not None:
+        main.append(verdicts)
     main += extra or []
     details = [detail for _, detail in by_game]
     details += [reasons_table(runs), lost_episodes_table(runs)]

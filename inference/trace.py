@@ -12,9 +12,10 @@ repeated run); `read_traces` reads ONE run per episode (`episode_runs`), never a
                    simulator's confidence in each, score parts and total), the engine calls/tokens/seconds
                    it cost, cache hits, the decider's margin and the router's route (simulate / react)
     commit         the plan queue: actions with their expectations (predicted observations)
-    act            one real step: action, real observation, expectation, match score, error flag,
-                   reward, score, source (plan / reactive / fallback), model calls and tokens spent
-                   since the previous act, env seconds
+    act            one real step: action, real observation, expectation and the verdict predicted with it
+                   (won / lost, from the env oracle or a simulator trained with verdicts), match score,
+                   error flag, reward, score, source (plan / reactive / fallback), model calls and tokens
+                   spent since the previous act, env seconds
     pivot          rule, severity, evidence, and whether it fired or was only counted (a warning)
     replan         why, how many replans used of the budget, banned actions, the failure note
     parse_failure  unparseable model output: role, raw text, reason, how it was handled
@@ -22,8 +23,10 @@ repeated run); `read_traces` reads ONE run per episode (`episode_runs`), never a
                    wall / planning / env seconds
 
 `summarize(trace)` computes per-episode metrics from the events alone, so every number of a report
-traces back to the episode file. This module imports nothing heavy (only the standard library and
-`simplan.data.io`), so evaluation and report code can use it without torch or an engine.
+traces back to the episode file. Version 2 traces (the start event's `version`) record the act's
+expected verdict; in older ones it reads as None, so their verdict accounting of real steps is unknown.
+This module imports nothing heavy (only the standard library and `simplan.data.io`), so evaluation
+and report code can use it without torch or an engine.
 
     trace = EpisodeTrace.start(episode_id="toy/corridor-3/simplan/0", env="toy", task=task.to_dict(), ...)
     trace.add(ActEvent(step=1, action="go east", observation="...", ...))
@@ -47,7 +50,8 @@ from typing import Any, ClassVar
 
 from simplan.data.io import append_jsonl, read_jsonl_tolerant, write_jsonl
 
-TRACE_VERSION = 1
+TRACE_VERSION = 2  # 2: act events record expected_verdict
+VERDICTS = ("won", "lost")
 END_STATUSES = ("success", "failed", "budget_steps", "budget_replans", "budget_tokens", "budget_time", "errored")
 ACT_SOURCES = ("plan", "reactive", "fallback")
 SEVERITIES = ("warning", "error")
@@ -100,8 +104,9 @@ class CandidateRecord:
     parts: dict[str, float] = field(default_factory=dict)  # weighted score parts
     total: float = 0.0
     chosen: bool = False
-    # The env's verdict per prediction (simulator "env": judge.Outcome.label(), e.g. 'lost score=0 reward=+0');
-    # None for a learned simulator and in older traces.
+    # The verdict per prediction (judge.Outcome.label(), e.g. 'lost score=0 reward=+0'; None where a step had
+    # none): the env oracle's, or a simulator's trained with verdicts. None for a simulator without verdicts and
+    # in older traces.
     outcomes: list[str | None] | None = None
 
 
@@ -154,6 +159,9 @@ class ActEvent(TraceEvent):
     action_key: str = ""  # Action.key(): canonical identity for repeats
     observation: str = ""
     expectation: str | None = None  # predicted observation, None when nothing was predicted
+    # The ending predicted with the expectation: won | lost; None when the prediction said the episode goes on,
+    # gave no verdict (a simulator without verdicts) or nothing was predicted, and in version 1 traces.
+    expected_verdict: str | None = None
     match: float | None = None  # similarity of observation and expectation in [0, 1]
     error: bool = False
     reward: float = 0.0
@@ -451,6 +459,15 @@ class EpisodeSummary:
     sim_exact: int = 0  # of those, observation == expectation after normalize_text
     sim_accuracy: float | None = None  # sim_exact / sim_predictions
     sim_match_mean: float | None = None  # mean similarity of the predictions (match field)
+    # Verdicts (predicted endings: the env oracle's, or a simulator's trained with them; `verdict_account`).
+    verdicts: bool = False  # the episode's predictions carried verdicts (some candidate record has outcomes)
+    # The real steps' counts are None without verdicts, and in version 1 traces (acts without expected_verdict).
+    ending_steps: int | None = None  # real steps that ended the episode and had a prediction
+    ending_foreseen: int | None = None  # of those, predicted with the verdict they had (won / lost)
+    verdict_steps: int | None = None  # real steps predicted to end the episode (expected_verdict set)
+    verdict_false_alarms: int | None = None  # of those, the episode went on, or ended with the other verdict
+    candidates_predicted_lost: int = 0  # per decision, candidates' first actions whose first step was predicted lost
+    lost_candidates_avoided: int = 0  # of those, not the action the decision took (its chosen candidate's first)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -472,6 +489,54 @@ def predicted_exactly(act: ActEvent) -> bool:
     """Whether a real step's observation is what the simulator predicted for it (its expectation), as the
     summary's simulator accuracy counts it: equal after `normalize_text`. False for a step without one."""
     return act.expectation is not None and normalize_text(act.expectation) == normalize_text(act.observation)
+
+
+def outcome_verdict(label: str | None) -> str | None:
+    """The verdict in a candidate's outcome label (judge.Outcome.label(): 'won ...' / 'lost ...'); None for a
+    step predicted to go on ('on ...') or without an outcome."""
+    word = (label or "").split(maxsplit=1)[:1]
+    return word[0] if word and word[0] in VERDICTS else None
+
+
+def real_verdict(act: ActEvent) -> str | None:
+    """How a real step ended the episode: won / lost; None when the episode went on."""
+    return ("won" if act.won else "lost") if act.done else None
+
+
+def has_verdicts(imagines: list[ImagineEvent]) -> bool:
+    """Whether the episode's simulator gave verdicts: the planner records outcomes (a list, None where a step had
+    no verdict) on every imagined candidate then, and None on all of them otherwise."""
+    return any(c.outcomes is not None for e in imagines for c in e.candidates)
+
+
+def lost_candidates(e: ImagineEvent) -> tuple[int, int]:
+    """One decision's distinct first actions whose first step was predicted lost, and how many of them the
+    decision did not take (the chosen candidate's first action is the one it took)."""
+    chosen = {c.actions[0] for c in e.candidates if c.chosen and c.actions}
+    lost = {c.actions[0] for c in e.candidates if c.actions and outcome_verdict((c.outcomes or [None])[0]) == "lost"}
+    return len(lost), len(lost - chosen)
+
+
+def verdict_account(s: EpisodeSummary, trace: EpisodeTrace) -> None:
+    """Fill s's verdict fields: were the predicted endings right, and did they change decisions."""
+    imagines: list[ImagineEvent] = trace.of_type("imagine")
+    s.verdicts = has_verdicts(imagines)
+    if not s.verdicts:
+        return
+    for e in imagines:
+        lost, avoided = lost_candidates(e)
+        s.candidates_predicted_lost += lost
+        s.lost_candidates_avoided += avoided
+    starts: list[StartEvent] = trace.of_type("start")
+    if not starts or starts[0].version < 2:
+        return  # the acts did not record their expected verdict: unknown, not zero
+    acts: list[ActEvent] = trace.of_type("act")
+    ending = [a for a in acts if a.done and a.expectation is not None]
+    s.ending_steps = len(ending)
+    s.ending_foreseen = sum(a.expected_verdict == real_verdict(a) for a in ending)
+    alarmed = [a for a in acts if a.expected_verdict is not None]
+    s.verdict_steps = len(alarmed)
+    s.verdict_false_alarms = sum(a.expected_verdict != real_verdict(a) for a in alarmed)
 
 
 def summarize(trace: EpisodeTrace) -> EpisodeSummary:
@@ -516,6 +581,7 @@ def summarize(trace: EpisodeTrace) -> EpisodeSummary:
         s.sim_accuracy = s.sim_exact / len(predicted)
         matches = [a.match for a in predicted if a.match is not None]
         s.sim_match_mean = sum(matches) / len(matches) if matches else None
+    verdict_account(s, trace)
     if end is not None:
         s.status, s.success, s.score = end.status, bool(end.success), float(end.score)
         s.model_calls, s.prompt_tokens, s.completion_tokens = end.model_calls, end.prompt_tokens, end.completion_tokens
