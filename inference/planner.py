@@ -253,8 +253,8 @@ class Planner:
             if name is not None and name not in known:
                 raise ValueError(
                     f"PlannerConfig.{role}_adapter: the engine has no adapter {name!r} (it has: "
-                    f"{', '.join(known) or 'none'}); pass --adapters {role}=DIR to the engine, or "
-                    f"--{role}-adapter '' to use the base model"
+                    f"{', '.join(known) or 'none'}); pass --adapters {role}=DIR to the engine, or use the base "
+                    f"model: --{role}_adapter '' (simplan run) or --planner '{{{role}_adapter: \"\"}}' (simplan eval)"
                     + ("; the model-free engines (expert, random) serve only the reactive arm" if model_free else "")
                 )
         # Token counting: the engine's tokenizer (chat template) unless a counter or tokenizer is given.
