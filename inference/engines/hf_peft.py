@@ -34,6 +34,12 @@ Memory: one cache per (session, adapter), about 46 KB per token for SmolLM2-135M
 keys and values x 3 KV heads x 64), so 16 sessions x 2 adapters x 600 tokens is ~0.9 GB (half in
 bf16). Models whose cache is not a plain DynamicCache (sliding windows) run without it. Results
 report `cached_tokens`: the prompt tokens reused instead of prefilled.
+
+KV caches grow in place (kv_cache.py `GrowingLayer`, switch: `growing_kv`): keys and values live in
+buffers with spare room instead of DynamicCache's torch.cat of the whole cache at every decoded token.
+A generate call's buffers get room for its max_tokens at prefill; a session's cached prompt keeps at
+most `kv_spare` (64) free tokens (trimmed when stored), so the memory above grows by that per cache.
+Models whose cache is not a plain DynamicCache keep transformers' caches.
 """
 
 from __future__ import annotations
@@ -64,6 +70,7 @@ from simplan.inference.engines.common import (
     timer,
     truncate_at_stop,
 )
+from simplan.inference.engines.kv_cache import CHUNK, GrowingLayer, growing_cache, stacked_cache
 
 BACKEND = "hf"
 TRIE_CANDIDATES = 256  # candidates scored in one token tree over a shared prompt (bounds its logits' memory)
@@ -130,7 +137,7 @@ class HFPeftEngine:
         prefix_cache_sessions: int = 16,
     ) -> None:
         import torch
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoModelForCausalLM, DynamicCache
 
         from simplan.training.models import load_tokenizer, pick_device, resolve_model
 
@@ -168,6 +175,11 @@ class HFPeftEngine:
         self.config = base.config
         plain = _plain_dynamic_cache(base.config)
         self.prefixes = PrefixCache(prefix_cache_sessions) if prefix_cache_sessions > 0 and plain else None
+        # Decode into preallocated KV buffers instead of DynamicCache's per-token torch.cat of the whole cache
+        # (kv_cache.py); only for plain full-attention caches, the ones GrowingLayer replaces exactly.
+        self.growing_kv = plain
+        self.kv_spare = CHUNK  # free room a cached session prompt keeps: bounds the prefix cache's extra memory
+        self._kv_layers = len(DynamicCache(config=base.config).layers)
 
     def end_session(self, session: str) -> None:
         """Free the session's cached prefixes (the planner calls it when an episode ends)."""
@@ -290,6 +302,9 @@ class HFPeftEngine:
             cache: dict[str, Any] = {}
             if self.prefixes is not None and any(r.session for r in reqs) and min(len(p) for p in prompts) > 1:
                 cache["past_key_values"], reused = self._stacked_prefill(reqs, prompts)
+            elif self.growing_kv:
+                # Room for the whole decode: the buffers are allocated once, at the prompt's prefill.
+                cache["past_key_values"] = growing_cache(self._kv_layers, spare=r0.max_tokens)
             if r0.seed is not None:
                 torch.manual_seed(r0.seed)
             out = self.model.generate(
@@ -351,6 +366,8 @@ class HFPeftEngine:
         if reuse > 0:
             kv = prefix.kv
             _crop(kv, reuse)
+        elif self.growing_kv:
+            kv = growing_cache(self._kv_layers, spare=self.kv_spare)
         else:
             kv = DynamicCache(config=self.config)
         logits = None
@@ -363,6 +380,9 @@ class HFPeftEngine:
             )
             kv, logits = out.past_key_values, out.logits[0, -1]
         if self.prefixes is not None and session:
+            for layer in kv.layers:
+                if isinstance(layer, GrowingLayer):
+                    layer.trim(self.kv_spare)  # a prompt cropped short keeps no long prompt's buffer
             self.prefixes.put(session, adapter, _Prefix(list(ids), kv))
         return kv, logits, reuse
 
@@ -374,26 +394,28 @@ class HFPeftEngine:
         prompts for num_return_sequences. Returns (cache, tokens reused per request: at most all but one)."""
         from transformers import DynamicCache
 
+        n = reqs[0].n
         width = max(len(p) for p in prompts) - 1
-        rows: list[list[tuple[Any, Any]]] = []  # per row, per layer: (keys, values) of all but the last token
+        # Growing: room for the decode (generate reruns each last prompt token, then max_tokens - 1 more).
+        room = reqs[0].max_tokens if self.growing_kv else 0
+        batch: list[tuple[Any, Any]] = []  # per layer: (keys, values) [rows, heads, width + room, head_dim]
         reused = []
-        for r, p in zip(reqs, prompts):
+        for i, (r, p) in enumerate(zip(reqs, prompts)):
             kv, _, k = self._prefill(r.session, r.adapter, p, need_logits=False)
-            # Taken now: rows of one session share its cache object, which the next row's prefill crops and
-            # extends (by rebinding new tensors: the ones taken here stay as they are).
-            rows.append([(layer.keys[0, :, : len(p) - 1], layer.values[0, :, : len(p) - 1]) for layer in kv.layers])
             reused.append(min(k, len(p) - 1))
-        layers = []
-        for layer in range(len(rows[0])):
-            stacked = []
-            for part in (0, 1):  # keys, values
-                first = rows[0][layer][part]
-                batch = first.new_zeros((len(rows), first.shape[0], width, first.shape[2]))
-                for i, row in enumerate(rows):
-                    t = row[layer][part]
-                    batch[i, :, width - t.shape[1] :] = t
-                stacked.append(batch.repeat_interleave(reqs[0].n, dim=0))
-            layers.append((stacked[0], stacked[1]))
+            if not batch:
+                batch = [
+                    tuple(t.new_zeros((len(reqs), t.shape[1], width + room, t.shape[3])) for t in (x.keys, x.values))
+                    for x in kv.layers
+                ]
+            # Copied now: rows of one session share its cache object, which the next row's prefill crops and
+            # extends (in place, for a growing cache).
+            for (keys, values), layer in zip(batch, kv.layers):
+                keys[i, :, width - (len(p) - 1) : width] = layer.keys[0, :, : len(p) - 1]
+                values[i, :, width - (len(p) - 1) : width] = layer.values[0, :, : len(p) - 1]
+        layers = [(keys.repeat_interleave(n, dim=0), values.repeat_interleave(n, dim=0)) for keys, values in batch]
+        if self.growing_kv:
+            return stacked_cache(layers, width, spare=self.kv_spare), reused
         return DynamicCache(ddp_cache_data=layers), reused
 
     def _cut(self, tokens: list[int], stop: Sequence[str]) -> tuple[list[int], str]:
