@@ -24,8 +24,6 @@ outlive a crop (the hf engine's `_stacked_prefill` copies each row as soon as it
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
@@ -53,7 +51,11 @@ class GrowingLayer(DynamicLayer):
         layer.keys, layer.values = keys[:, :, :length], values[:, :, :length]
         return layer
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> tuple[Any, Any]:
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the new states after the filled part (re-buffering with `spare` more room when they do not fit,
+        or when `keys` was rebound away from the buffer) and return views of everything filled."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         start, new = self.get_seq_length(), key_states.shape[-2]
