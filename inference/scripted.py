@@ -19,7 +19,9 @@ from __future__ import annotations
 import difflib
 import time
 from collections.abc import Callable
+from pathlib import Path
 
+from simplan.data.episode import PromptSettings, write_settings
 from simplan.data.format import ERROR_MARK, SECTION_ACTION, SECTION_HISTORY, SECTION_OBSERVATION
 from simplan.envs.base import Action, Task
 from simplan.envs.toy import ToyEnv
@@ -120,6 +122,13 @@ class ScriptedEngine:
 
     def close(self) -> None:
         pass
+
+    def trained_with(self, role: str, folder: Path, settings: PromptSettings) -> ScriptedEngine:
+        """Give the engine's `role` adapter a folder holding `settings` (as `simplan train` copies them from the
+        dataset), so a planner on this engine reads them as it reads a real adapter's; returns self."""
+        write_settings(folder, settings)
+        self.adapter_dirs = {**getattr(self, "adapter_dirs", {}), role: str(folder)}
+        return self
 
     # -- inspection helpers for tests --------------------------------------------------------
     def requests(self, tag: str | None = None) -> list[GenerationRequest | ScoreRequest]:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from test_oracle import TOY_TASKS, TrapOracle, TrapToy  # pytest puts tests/ on sys.path (rootdir-relative imports)
 
-from simplan.data.episode import PromptSettings, write_settings
+from simplan.data.episode import PromptSettings
 from simplan.envs.base import Action
 from simplan.inference.metrics import aggregate, records_from_traces
 from simplan.inference.oracle import EnvOracle
@@ -68,10 +68,9 @@ class VerdictSimulator(TrapOracle):
 def run_episode(tmp_path: Path, verdicts: bool, wins: bool = True) -> EpisodeTrace:
     task = TOY_TASKS[0]  # two decisions: take key, go east, go east from the first room; open door from the last
     simulator = VerdictSimulator(task, wins)
-    engine = ScriptedEngine(simulator.decide, simulator.simulate, simulator.score)
-    # The simulator adapter's settings, as `simplan train` copies them from the dataset.
-    write_settings(tmp_path / "simulator", PromptSettings(format="step", max_history=50, verdicts=verdicts))
-    engine.adapter_dirs = {"simulator": str(tmp_path / "simulator")}
+    engine = ScriptedEngine(simulator.decide, simulator.simulate, simulator.score).trained_with(
+        "simulator", tmp_path / "simulator", PromptSettings(format="step", max_history=50, verdicts=verdicts)
+    )
     cfg = PlannerConfig(arm="simplan", k=3, horizon=3, adaptive=False, max_history=50, raise_errors=True)
     planner = Planner(engine, OneLeverToy(), cfg)
     try:

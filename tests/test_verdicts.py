@@ -161,10 +161,9 @@ class VerdictOracle(TrapOracle):
 def _run_trap(tmp_path: Path, verdicts: bool):
     task = TOY_TASKS[1]
     oracle = VerdictOracle(task)
-    engine = ScriptedEngine(oracle.decide, oracle.simulate, oracle.score)
-    # The simulator adapter's settings, as `simplan train` copies them from the dataset.
-    write_settings(tmp_path / "simulator", PromptSettings(format="step", max_history=50, verdicts=verdicts))
-    engine.adapter_dirs = {"simulator": str(tmp_path / "simulator")}
+    engine = ScriptedEngine(oracle.decide, oracle.simulate, oracle.score).trained_with(
+        "simulator", tmp_path / "simulator", PromptSettings(format="step", max_history=50, verdicts=verdicts)
+    )
     cfg = PlannerConfig(arm="simplan", k=3, horizon=2, adaptive=False, max_history=50, raise_errors=True)
     planner = Planner(engine, TrapToy(), cfg)
     try:
