@@ -9,8 +9,9 @@
 The decider learns the actions of steps whose source is worth imitating (expert, recovery) and that
 did not fail; noise steps are never targets but stay in the context, so the decider learns to
 recover. The simulator learns the real next observation of every step (noise and random ones
-included, so error observations are learned); with `verdicts` (the default) a step that ended the
-episode adds the env's verdict line, `[episode over: won]` or `[episode over: lost]` (data/format.py).
+included, so error observations are learned); with `verdicts` (opt-in: measured to raise false "lost"
+lines on TWX, bench/RESULTS.md) a step that ended the episode adds the env's verdict line,
+`[episode over: won]` or `[episode over: lost]` (data/format.py).
 
 `format: conversation` (the default) replays each trajectory into one EpisodeState and renders it
 as the role's conversation (data/episode.py): one sequence per window of the episode, loss on every
@@ -102,10 +103,11 @@ class BuildConfig:
         default=False, metadata={"help": "conversation: list the valid actions in every decider user turn"}
     )
     verdicts: bool = field(
-        default=True,
+        default=False,
         metadata={
             "help": "simulator: a step that ended the episode gets the env's verdict as the reply's last line "
-            "([episode over: won] / [episode over: lost]), which the planner judges; false: observations only"
+            "([episode over: won] / [episode over: lost]), which the planner judges (experimental: on TWX a "
+            "SmolLM2-135M simulator learned false 'lost' lines, see bench/RESULTS.md); false: observations only"
         },
     )
     max_completion_tokens: int | None = field(

@@ -144,7 +144,7 @@ def test_decider_targets_are_exactly_the_expert_and_recovery_actions(tmp_path, t
 def test_simulator_learns_every_transition_including_errors(tmp_path, tokenizer, model_dir):
     src = tmp_path / "toy.jsonl"
     trajs = write_toy(src, {"train": 3}, random_steps=2)
-    res = build(_cfg(tmp_path, [src], model_dir, role="simulator", dedupe=False), tokenizer=tokenizer)
+    res = build(_cfg(tmp_path, [src], model_dir, role="simulator", dedupe=False, verdicts=True), tokenizer=tokenizer)
     from datasets import load_from_disk
 
     train = load_from_disk(res.paths["dataset"])["train"]

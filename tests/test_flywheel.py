@@ -403,7 +403,11 @@ def test_simulator_check_is_skipped_without_before_and_refuses_another_prompt_la
     # round that asks for verdict lines anyway is refused.
     same = Flywheel(FlywheelConfig(**keys, before="runs/nowhere", build={"max_prompt_tokens": 640}))
     assert same.stage("simulator-check").config["contents"] == {"runs/nowhere": "missing"}
-    assert same.stage("build-simulator").config["build"]["verdicts"] is False
+    assert same.cfg.build["verdicts"] is False
+    (old / "prompt_settings.json").write_text(json.dumps({"format": "conversation", "budget": 640, "verdicts": True}))
+    learned = Flywheel(FlywheelConfig(**keys, before="runs/nowhere", build={"max_prompt_tokens": 640}))
+    assert learned.stage("build-simulator").config["build"]["verdicts"] is True  # off by default, on as it learned
+    (old / "prompt_settings.json").write_text(json.dumps({"format": "conversation", "budget": 640}))
     verdicts = Flywheel(
         FlywheelConfig(**keys, before="runs/nowhere", build={"max_prompt_tokens": 640, "verdicts": True})
     )

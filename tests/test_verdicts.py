@@ -225,7 +225,7 @@ def test_eval_model_on_a_built_dataset_prints_the_verdict_metrics(episodes, tok,
     inputs = tmp_path / "episodes.jsonl"
     write_jsonl(inputs, (t.to_dict() for t in episodes.values()))
     data = tmp_path / "sim"
-    build(BuildConfig(role="simulator", inputs=[str(inputs)], out=str(data), progress=False), tok)
+    build(BuildConfig(role="simulator", inputs=[str(inputs)], out=str(data), verdicts=True, progress=False), tok)
     fold = episodes["won"].task.fold
     # Saved outputs: every gold reply, with the verdict dropped where the episode was lost.
     from datasets import load_from_disk
