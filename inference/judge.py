@@ -50,6 +50,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from simplan.data.format import episode_verdict
 from simplan.envs.base import StepResult, env_extra
 
 # Phrases environments use to reject an action. Envs replace them with their own `error_patterns`
@@ -147,10 +148,14 @@ class Outcome:
     def lost(self) -> bool:
         return self.done and not self.won
 
+    @property
+    def verdict(self) -> str | None:
+        """'won' / 'lost' for a step that ends the episode, None when it goes on (data/format.py episode_verdict)."""
+        return episode_verdict(self.done, self.won)
+
     def label(self) -> str:
         """One short line for traces: 'won' / 'lost' / 'on' (the episode goes on), the score and the reward."""
-        status = "won" if self.won else ("lost" if self.done else "on")
-        return f"{status} score={self.score:g} reward={self.reward:+g}"
+        return f"{self.verdict or 'on'} score={self.score:g} reward={self.reward:+g}"
 
 
 @dataclass

@@ -797,8 +797,7 @@ class Planner:
             outcome = rollout.outcomes[i] if i < len(rollout.outcomes) else None
             if i > 0 and (expectation is None or self.judge.is_error(expectation) or (outcome and outcome.lost)):
                 break  # never queue an action expected to fail or lose, nor one whose outcome was not imagined
-            verdict = None if outcome is None else ("won" if outcome.won else "lost" if outcome.done else None)
-            queue.append(Queued(action, expectation, source, verdict))
+            queue.append(Queued(action, expectation, source, None if outcome is None else outcome.verdict))
             if self.judge.is_error(expectation or "") or total < self.config.judge_threshold:
                 break  # a failing or low-scored plan: take one step and look again
         return queue

@@ -25,8 +25,8 @@ repeated run); `read_traces` reads ONE run per episode (`episode_runs`), never a
 `summarize(trace)` computes per-episode metrics from the events alone, so every number of a report
 traces back to the episode file. Version 2 traces (the start event's `version`) record the act's
 expected verdict; in older ones it reads as None, so their verdict accounting of real steps is unknown.
-This module imports nothing heavy (only the standard library and `simplan.data.io`), so evaluation
-and report code can use it without torch or an engine.
+This module imports nothing heavy (the standard library, `simplan.data.io` and the verdict words of
+`simplan.data.format`), so evaluation and report code can use it without torch or an engine.
 
     trace = EpisodeTrace.start(episode_id="toy/corridor-3/simplan/0", env="toy", task=task.to_dict(), ...)
     trace.add(ActEvent(step=1, action="go east", observation="...", ...))
@@ -48,10 +48,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
+from simplan.data.format import VERDICTS, episode_verdict
 from simplan.data.io import append_jsonl, read_jsonl_tolerant, write_jsonl
 
 TRACE_VERSION = 2  # 2: act events record expected_verdict
-VERDICTS = ("won", "lost")
 END_STATUSES = ("success", "failed", "budget_steps", "budget_replans", "budget_tokens", "budget_time", "errored")
 ACT_SOURCES = ("plan", "reactive", "fallback")
 SEVERITIES = ("warning", "error")
@@ -498,11 +498,6 @@ def outcome_verdict(label: str | None) -> str | None:
     return word[0] if word and word[0] in VERDICTS else None
 
 
-def real_verdict(act: ActEvent) -> str | None:
-    """How a real step ended the episode: won / lost; None when the episode went on."""
-    return ("won" if act.won else "lost") if act.done else None
-
-
 def has_verdicts(imagines: list[ImagineEvent]) -> bool:
     """Whether the episode's simulator gave verdicts: the planner records outcomes (a list, None where a step had
     no verdict) on every imagined candidate then, and None on all of them otherwise."""
@@ -533,10 +528,10 @@ def verdict_account(s: EpisodeSummary, trace: EpisodeTrace) -> None:
     acts: list[ActEvent] = trace.of_type("act")
     ending = [a for a in acts if a.done and a.expectation is not None]
     s.ending_steps = len(ending)
-    s.ending_foreseen = sum(a.expected_verdict == real_verdict(a) for a in ending)
+    s.ending_foreseen = sum(a.expected_verdict == episode_verdict(a.done, a.won) for a in ending)
     alarmed = [a for a in acts if a.expected_verdict is not None]
     s.verdict_steps = len(alarmed)
-    s.verdict_false_alarms = sum(a.expected_verdict != real_verdict(a) for a in alarmed)
+    s.verdict_false_alarms = sum(a.expected_verdict != episode_verdict(a.done, a.won) for a in alarmed)
 
 
 def summarize(trace: EpisodeTrace) -> EpisodeSummary:
