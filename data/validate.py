@@ -70,8 +70,16 @@ def parse_line(text: str) -> tuple[Trajectory | None, list[str], dict | None]:
         return None, e.problems, record
 
 
+# Meta keys that measure the run that collected a record, not what happened in it: the same expert episode
+# collected twice differs in them, and is still the same record (build keeps one and counts the other).
+RUN_MEASUREMENTS = ("elapsed_s",)
+
+
 def _fingerprint(record: dict) -> bytes:
-    """Equal for equal records however the JSON was spaced or its keys ordered."""
+    """Equal for equal records however the JSON was spaced, its keys ordered or its collection timed."""
+    meta = record.get("meta")
+    if isinstance(meta, dict) and any(k in meta for k in RUN_MEASUREMENTS):
+        record = {**record, "meta": {k: v for k, v in meta.items() if k not in RUN_MEASUREMENTS}}
     canonical = json.dumps(record, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return hashlib.blake2b(canonical.encode("utf-8"), digest_size=16).digest()
 

@@ -388,3 +388,22 @@ def test_the_same_record_twice_is_counted_not_refused(tmp_path, tokenizer, model
     assert res.stats["malformed_lines"] == 0 and res.stats["skipped"]["duplicate_trajectory_id"] == 1
     report = validate_file(src)  # validate still names it, so a --keep-going split holds each episode once
     assert report.bad_lines == [f"{src}:3"] and f"(first at {src}:1, the same record)" in report.problems[0]
+
+
+def test_the_same_episode_collected_twice_is_the_same_record(tmp_path, tokenizer, model_dir):
+    """Collection times each episode (meta.elapsed_s): a second collection of it differs only there."""
+    src = tmp_path / "toy.jsonl"
+    write_toy(src, {"train": 2}, noisy=False)
+    lines = src.read_text().splitlines(keepends=True)
+    first, again = json.loads(lines[0]), json.loads(lines[0])
+    first["meta"], again["meta"] = (
+        {**first.get("meta", {}), "elapsed_s": 1.25},
+        {**again.get("meta", {}), "elapsed_s": 3.5},
+    )
+    src.write_text(json.dumps(first) + "\n" + lines[1] + json.dumps(again) + "\n")
+    res = build(_cfg(tmp_path, [src], model_dir), tokenizer=tokenizer)
+    assert res.stats["malformed_lines"] == 0 and res.stats["skipped"]["duplicate_trajectory_id"] == 1
+    again["meta"]["expert"] = "other"  # anything else in meta is content
+    src.write_text(json.dumps(first) + "\n" + lines[1] + json.dumps(again) + "\n")
+    with pytest.raises(MalformedInputError, match="with different content"):
+        build(_cfg(tmp_path, [src], model_dir), tokenizer=tokenizer)
