@@ -338,7 +338,8 @@ class Flywheel(Pipeline):
         if saved is not None and "verdicts" not in cfg.build:
             # The round continues the old simulator (lora_init): its data keeps the layout that adapter learned,
             # verdict lines included or not, unless the round's `build` keys say otherwise.
-            cfg.build = {**cfg.build, "verdicts": saved.verdicts}
+            # A copy: the caller's config (a recipe loaded once, reused for the next round) stays as given.
+            cfg = dataclasses.replace(cfg, build={**cfg.build, "verdicts": saved.verdicts})
         super().__init__(cfg)  # type: ignore[arg-type]  # the fields the pipeline reads have the same names
         self.cfg: FlywheelConfig = cfg
 

@@ -401,9 +401,11 @@ def test_simulator_check_is_skipped_without_before_and_refuses_another_prompt_la
         flywheel.stage("simulator-check")
     # An adapter from before verdicts travelled learned none: the round inherits that (both its builds), and a
     # round that asks for verdict lines anyway is refused.
-    same = Flywheel(FlywheelConfig(**keys, before="runs/nowhere", build={"max_prompt_tokens": 640}))
+    given = FlywheelConfig(**keys, before="runs/nowhere", build={"max_prompt_tokens": 640})
+    same = Flywheel(given)
     assert same.stage("simulator-check").config["contents"] == {"runs/nowhere": "missing"}
     assert same.cfg.build["verdicts"] is False
+    assert given.build == {"max_prompt_tokens": 640}  # the caller's config is not written to
     (old / "prompt_settings.json").write_text(json.dumps({"format": "conversation", "budget": 640, "verdicts": True}))
     learned = Flywheel(FlywheelConfig(**keys, before="runs/nowhere", build={"max_prompt_tokens": 640}))
     assert learned.stage("build-simulator").config["build"]["verdicts"] is True  # off by default, on as it learned
