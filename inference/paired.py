@@ -6,6 +6,7 @@
     c = compare_arms(records, "reactive", "simplan")
     print(c.difference, c.ci_low, c.ci_high, c.p_value)       # simplan minus reactive, in success rate
     for c in compare_all(records): ...                        # every pair of arms present, in arm order
+    for c in compare_runs(load_run("runs/eval/old"), load_run("runs/eval/new")): ...  # each arm, run vs run
 
 Why paired: every arm of an evaluation runs the same tasks (inference/evaluate.py `plan_episodes`),
 and tasks differ far more in difficulty than arms do. Unpaired Wilson intervals of 8 tasks per arm
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from itertools import combinations
 from typing import Any
@@ -131,11 +133,13 @@ class PairedComparison:
         return d
 
 
-def _by_pair(records: list[EpisodeRecord], arm: str) -> dict[str, EpisodeSummary]:
+def _by_pair(
+    records: list[EpisodeRecord], arm: str, key: Callable[[EpisodeSummary], str] = pair_key
+) -> dict[str, EpisodeSummary]:
     out: dict[str, EpisodeSummary] = {}
     for r in records:
         if r.summary.arm == arm:
-            out.setdefault(pair_key(r.summary), r.summary)
+            out.setdefault(key(r.summary), r.summary)
     return out
 
 
@@ -155,7 +159,18 @@ def compare_arms(
     seed: int = DEFAULT_SEED,
 ) -> PairedComparison:
     """Arm B against arm A over the (task, repeat) episodes both finished."""
-    a, b = _by_pair(records, arm_a), _by_pair(records, arm_b)
+    return compare_pairs(_by_pair(records, arm_a), _by_pair(records, arm_b), arm_a, arm_b, resamples, seed)
+
+
+def compare_pairs(
+    a: dict[str, EpisodeSummary],
+    b: dict[str, EpisodeSummary],
+    arm_a: str,
+    arm_b: str,
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = DEFAULT_SEED,
+) -> PairedComparison:
+    """B against A over the keys both hold (one episode per key on each side)."""
     keys = sorted(set(a) & set(b))
     wins_a = [bool(a[k].success) for k in keys]
     wins_b = [bool(b[k].success) for k in keys]
@@ -187,6 +202,28 @@ def arms_in_order(records: list[EpisodeRecord]) -> list[str]:
     """The arms present, reactive, plan, simplan first, then others by name."""
     present = {r.summary.arm for r in records}
     return [a for a in ARM_ORDER if a in present] + sorted(present - set(ARM_ORDER))
+
+
+def task_key(s: EpisodeSummary) -> str:
+    """The identity of an episode across runs: env, task and repeat, without the suite or the arm ("twx-dev" and
+    "twx-dev-small" run the same task "twx/coin-dev-0" under the same name)."""
+    parts = s.episode_id.split("/")
+    repeat = parts[-1] if len(parts) >= 2 and parts[-2] == s.arm else "0"
+    return f"{s.env}/{s.task_id}/{repeat}"
+
+
+def compare_runs(
+    before: list[EpisodeRecord],
+    after: list[EpisodeRecord],
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = DEFAULT_SEED,
+) -> list[PairedComparison]:
+    """Each arm present in both runs, `after` against `before` over the tasks both ran (a flywheel round's old
+    and new adapters, say): the same statistics as between arms, with the run in place of the arm."""
+    arms = [a for a in arms_in_order(before) if a in set(arms_in_order(after))]
+    return [
+        compare_pairs(_by_pair(before, a, task_key), _by_pair(after, a, task_key), a, a, resamples, seed) for a in arms
+    ]
 
 
 def compare_all(

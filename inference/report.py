@@ -9,7 +9,8 @@ files with their size and SHA-256 so each number can be traced back, and writes:
 - report.md with tables (arms side by side across runs; prompt tokens per decision, imagined step
   and real step, prefilled vs reused from the prefix cache; each pair of arms compared task by task:
   the success difference with its paired bootstrap interval and the exact McNemar p-value,
-  inference/paired.py; success by game; lost episodes by loss class, inference/losses.py; transient
+  inference/paired.py; with several runs, each later run against the first, arm by arm, on the tasks
+  both played (a flywheel round's old and new adapters); success by game; lost episodes by loss class, inference/losses.py; transient
   failures that got through and premature finishes, for runs that have any; episode endings foreseen by
   the simulator's verdicts, for runs that have them; pivot and replan reasons)
   and plots/*.png next to it;
@@ -34,7 +35,7 @@ from typing import Any
 from simplan.data.io import atomic_open, write_json, write_text
 from simplan.inference.losses import LOSS_CLASSES, LOSS_LABELS
 from simplan.inference.metrics import EpisodeRecord, GroupMetrics, aggregate, load_run, trace_files
-from simplan.inference.paired import PairedComparison, compare_all
+from simplan.inference.paired import PairedComparison, compare_all, compare_runs
 
 
 @dataclass
@@ -280,6 +281,38 @@ def paired_table(runs: list[RunData]) -> Table:
         "B's success rate minus A's in percentage points, its interval a percentile bootstrap of 10,000 seeded "
         "resamples of the pairs; the McNemar p-value is the two-sided exact binomial test on the tasks only one "
         "arm won. Tokens and wall seconds per success are over the paired episodes.",
+    )
+
+
+def runs_table(runs: list[RunData]) -> Table | None:
+    """Each later run against the first, arm by arm, on the tasks both ran (None with one run)."""
+    first = runs[0]
+    rows = []
+    for later in runs[1:]:
+        for c in compare_runs(first.records, later.records):
+            row = paired_row(f"{first.name} -> {later.name}", c)
+            row[1] = c.arm_a
+            rows.append(row)
+    if not rows:
+        return None
+    return Table(
+        "Paired differences between runs (same arm, same tasks)",
+        [
+            "runs (A -> B)",
+            "arm",
+            "pairs",
+            "successes A -> B",
+            "won by A only / B only",
+            "success diff, points [95% paired bootstrap]",
+            "McNemar p (exact)",
+            "tokens/success A -> B",
+            "wall s/success A -> B",
+        ],
+        rows,
+        "Each pair is one task (env, task id, repeat; the suite's name aside) that both runs played with this arm, "
+        "the first run against each later one (a flywheel round's old and new adapters, say); tasks only one run "
+        "played are left out. Statistics as between arms. Wall seconds compare only runs on the same machine "
+        "under the same load.",
     )
 
 
@@ -660,6 +693,9 @@ def write_report(
         raise ValueError(f"write_report: no finished episode in {', '.join(empty)}; run `simplan eval` first")
     by_game = [family_tables(r) for r in runs]
     main = [files_table(runs), arms_table(runs), prompt_steps_table(runs), paired_table(runs)]
+    between_runs = runs_table(runs)
+    if between_runs is not None:
+        main.append(between_runs)
     main += [success for success, _ in by_game]
     main.append(loss_table(runs))
     retries = retry_table(runs)

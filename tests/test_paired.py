@@ -7,7 +7,15 @@ import math
 import pytest
 
 from simplan.inference.metrics import EpisodeRecord
-from simplan.inference.paired import compare_all, compare_arms, mcnemar_exact, pair_key, paired_bootstrap
+from simplan.inference.paired import (
+    compare_all,
+    compare_arms,
+    compare_runs,
+    mcnemar_exact,
+    pair_key,
+    paired_bootstrap,
+    task_key,
+)
 from simplan.inference.trace import EpisodeSummary
 
 
@@ -95,3 +103,23 @@ def test_compare_all_orders_arms() -> None:
     records = outcomes(1, 0, 0, 1, a="simplan", b="reactive") + outcomes(1, 0, 0, 1, a="plan", b="simplan")[::2]
     pairs = [(c.arm_a, c.arm_b) for c in compare_all(records, resamples=10)]
     assert pairs == [("reactive", "plan"), ("reactive", "simplan"), ("plan", "simplan")]
+
+
+def test_compare_runs_pairs_each_arm_on_the_tasks_both_runs_played() -> None:
+    """A flywheel round: the old run played 6 tasks (two arms), the new one 4 of them under another suite name."""
+
+    def run(suite: str, arm: str, wins: list[bool], tokens: int = 100) -> list[EpisodeRecord]:
+        records = [rec(f"t{i}", arm, w, tokens=tokens) for i, w in enumerate(wins)]
+        for r in records:
+            r.summary.episode_id = r.summary.episode_id.replace("suite/", f"{suite}/", 1)
+        return records
+
+    before = run("twx-dev", "reactive", [True, False, False, False, True, True])
+    before += run("twx-dev", "simplan", [False] * 6)
+    after = run("twx-dev-small", "reactive", [True, True, True, False], tokens=50)
+    assert task_key(after[0].summary) == task_key(before[0].summary) == "twx/t0/0"
+    (c,) = compare_runs(before, after, resamples=10)  # simplan is in one run only: no row
+    assert (c.arm_a, c.arm_b, c.pairs, c.unpaired) == ("reactive", "reactive", 4, 2)
+    assert (c.a_successes, c.b_successes, c.a_only, c.b_only) == (1, 3, 0, 2)
+    assert c.difference == 0.5 and c.p_value == 0.5  # 2 discordant pairs, both the new run's: 2 * 1/4
+    assert (c.a_cost.tokens_per_success, c.b_cost.tokens_per_success) == (400, 200 / 3)

@@ -56,6 +56,23 @@ def test_report_compares_runs_side_by_side(run_dir, tmp_path, capsys) -> None:
     assert "report.html" in capsys.readouterr().out
 
 
+def test_report_pairs_runs_arm_by_arm(tmp_path) -> None:
+    # before: 4 tasks, reactive wins t0; after (another suite name, 3 of the tasks): reactive wins t0, t1, t2
+    runs = {"before": ("twx-dev", [True, False, False, False]), "after": ("twx-dev-small", [True, True, True])}
+    for name, (suite, wins) in runs.items():
+        for i, won in enumerate(wins):
+            trace = make_trace(f"{suite}/t{i}/reactive/0", "reactive", "coin", [{}], won, tokens=(90, 10))
+            append_trace(tmp_path / name / "traces.jsonl", trace)
+    md = write_report([tmp_path / "before", tmp_path / "after"], tmp_path / "report")["md"].read_text()
+    table = md.split("### Paired differences between runs (same arm, same tasks)")[1].split("###")[0]
+    row = next(line for line in table.splitlines() if line.startswith("| before -> after |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1:5] == ["reactive", "3 (1 unpaired left out)", "1 -> 3", "0 / 2"]
+    assert cells[5].startswith("+66.7 [") and cells[6] == "0.5"
+    one = write_report([tmp_path / "before"], tmp_path / "one")["md"].read_text()
+    assert "between runs" not in one  # one run: nothing to pair
+
+
 def test_report_refuses_empty_runs(tmp_path) -> None:
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "traces.jsonl").write_text("")
