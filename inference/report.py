@@ -10,9 +10,10 @@ files with their size and SHA-256 so each number can be traced back, and writes:
   and real step, prefilled vs reused from the prefix cache; each pair of arms compared task by task:
   the success difference with its paired bootstrap interval and the exact McNemar p-value,
   inference/paired.py; with several runs, each later run against the first, arm by arm, on the tasks
-  both played (a flywheel round's old and new adapters); success by game; lost episodes by loss class, inference/losses.py; transient
-  failures that got through and premature finishes, for runs that have any; episode endings foreseen by
-  the simulator's verdicts, for runs that have them; pivot and replan reasons)
+  both played (a flywheel round's old and new adapters); success by game; lost episodes by loss class,
+  inference/losses.py; transient failures that got through and premature finishes, for runs that have
+  any; episode endings foreseen by the simulator's verdicts, for runs that have them; pivot and replan
+  reasons)
   and plots/*.png next to it;
 - report.html, the same content with the plots embedded as base64 PNG (one file to share);
 - metrics.json, every run's per-arm and per-(arm, game) metrics (GroupMetrics) as numbers.
@@ -261,21 +262,22 @@ def paired_row(run: str, c: PairedComparison) -> list[str]:
     ]
 
 
+PAIRED_COLUMNS = [  # after the two naming what is compared (paired_row)
+    "pairs",
+    "successes A -> B",
+    "won by A only / B only",
+    "success diff, points [95% paired bootstrap]",
+    "McNemar p (exact)",
+    "tokens/success A -> B",
+    "wall s/success A -> B",
+]
+
+
 def paired_table(runs: list[RunData]) -> Table:
     rows = [paired_row(r.name, c) for r in runs for c in compare_all(r.records)]
     return Table(
         "Paired differences between arms (same tasks)",
-        [
-            "run",
-            "arms (B - A)",
-            "pairs",
-            "successes A -> B",
-            "won by A only / B only",
-            "success diff, points [95% paired bootstrap]",
-            "McNemar p (exact)",
-            "tokens/success A -> B",
-            "wall s/success A -> B",
-        ],
+        ["run", "arms (B - A)", *PAIRED_COLUMNS],
         rows or [["-"] * 9],
         "Each pair is one task (and repeat) run by both arms; only such episodes count here. The difference is "
         "B's success rate minus A's in percentage points, its interval a percentile bootstrap of 10,000 seeded "
@@ -297,17 +299,7 @@ def runs_table(runs: list[RunData]) -> Table | None:
         return None
     return Table(
         "Paired differences between runs (same arm, same tasks)",
-        [
-            "runs (A -> B)",
-            "arm",
-            "pairs",
-            "successes A -> B",
-            "won by A only / B only",
-            "success diff, points [95% paired bootstrap]",
-            "McNemar p (exact)",
-            "tokens/success A -> B",
-            "wall s/success A -> B",
-        ],
+        ["runs (A -> B)", "arm", *PAIRED_COLUMNS],
         rows,
         "Each pair is one task (env, task id, repeat; the suite's name aside) that both runs played with this arm, "
         "the first run against each later one (a flywheel round's old and new adapters, say); tasks only one run "
