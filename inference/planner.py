@@ -176,6 +176,11 @@ class Rollout:
     outcomes: list[Outcome | None] = field(default_factory=list)
 
 
+def _first_lost(r: Rollout) -> bool:
+    """Whether the rollout's first imagined step was predicted to lose the episode."""
+    return bool(r.outcomes) and r.outcomes[0] is not None and r.outcomes[0].lost
+
+
 @dataclass
 class Queued:
     action: Action
@@ -710,7 +715,8 @@ class Planner:
         cached0, cand0 = ep.meter.cached_tokens, ep.meter.candidate_tokens
         allowed = self._allowed(ep)
         root = self._prompt_state(ep, [], ep.obs.text, allowed)
-        proposals, margin, how, fallback = self._propose(ep, root, allowed, b.k)
+        ranked, margin, how, fallback = self._propose(ep, root, allowed)
+        proposals, spare = ranked[: b.k], ranked[b.k :]
         decision_prompt, decision_cached = ep.meter.prompt_tokens - p0, ep.meter.cached_tokens - cached0
         decision_candidates = ep.meter.candidate_tokens - cand0
         steps_left = b.max_steps - ep.steps
@@ -721,6 +727,16 @@ class Planner:
             horizon, reason = 0, "fallback: the decider gave no usable action"
         rollouts = [Rollout([p.action], [], p.probability, p.logprob) for p in proposals]
         hits = self._rollout(ep, rollouts, horizon, allowed)
+        for _ in range(self.config.widen_lost if horizon > 0 else 0):
+            if not spare or not all(_first_lost(r) for r in rollouts):
+                break
+            # Every candidate loses: the decider's next-best valid actions may not (a perfect simulator lost
+            # TWX episodes on an arithmetic answer all three top guesses got wrong).
+            more = [Rollout([p.action], [], p.probability, p.logprob) for p in spare[: b.k]]
+            spare = spare[b.k :]
+            hits += self._rollout(ep, more, horizon, allowed)
+            rollouts += more
+            how += f"; every candidate predicted lost: imagined {len(more)} more"
         verdict = self._accepts() if any(is_finish(r.actions[0].key()) for r in rollouts) else None
         records = []
         for i, r in enumerate(rollouts):
@@ -803,20 +819,21 @@ class Planner:
         return queue
 
     def _propose(
-        self, ep: _Episode, root: PromptState | EpisodeState, allowed: list[str] | None, k: int
+        self, ep: _Episode, root: PromptState | EpisodeState, allowed: list[str] | None
     ) -> tuple[list[Proposal], float | None, str, bool]:
-        """K first actions from the real state: (proposals, confidence margin, how, is_fallback)."""
+        """First actions from the real state, best first: (proposals, confidence margin, how, is_fallback).
+        Scored valid actions come all of them (the caller imagines the first K, and more when all of those
+        lose); sampled ones are at most K."""
         mode = self.config.propose
         if mode == "auto":
             mode = "score" if allowed else "sample"
         if mode == "score" and allowed and self._can_score:
             scored = self._score_actions(ep, root, allowed)
             if scored is not None:
-                top = scored[:k]
                 probs = [p.probability or 0.0 for p in scored] + [0.0]
                 margin = probs[0] - probs[1]
-                return top, margin, f"scored {len(allowed)} valid actions", False
-        return self._sample(ep, root, allowed, k)
+                return scored, margin, f"scored {len(allowed)} valid actions", False
+        return self._sample(ep, root, allowed, ep.budgets.k)
 
     def _score_actions(
         self, ep: _Episode, root: PromptState | EpisodeState, allowed: list[str]

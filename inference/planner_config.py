@@ -180,6 +180,14 @@ class PlannerConfig:
             "it (geometric mean token probability) falls; 0 = predictions count whatever their confidence"
         ),
     )
+    widen_lost: int = field(
+        default=2,
+        metadata=_help(
+            "rounds of K more scored valid actions to imagine when every candidate's first step is predicted to "
+            "lose the episode (verdicts: env oracle, or a simulator trained with them); 0 = take the best of "
+            "the losing ones"
+        ),
+    )
     discount: float = field(default=0.9, metadata=_help("judge: weight of imagined step i is discount**i"))
     judge_threshold: float = field(
         default=-1.0, metadata=_help("below this total only the plan's first action is committed")
@@ -221,6 +229,7 @@ class PlannerConfig:
         checks = [
             ("k", self.k >= 1, ">= 1"),
             ("horizon", self.horizon >= 0, ">= 0"),
+            ("widen_lost", self.widen_lost >= 0, ">= 0"),
             ("confident_margin", 0.0 <= self.confident_margin <= 1.0, "in [0, 1]"),
             ("temperature", self.temperature >= 0.0, ">= 0"),
             ("top_p", 0.0 < self.top_p <= 1.0, "in (0, 1]"),

@@ -448,3 +448,52 @@ def test_a_plan_is_committed_up_to_a_step_the_env_says_loses():
     plan.outcomes = []  # a texts-only rollout: both queued, as before
     assert [q.action for q in planner._commit(plan, 5.0, "plan")] == [east, lever]
     planner.close()
+
+
+LEVERS = ("pull lever a", "pull lever b", "pull lever c")
+
+
+class LeverToy(TrapToy):
+    """TrapToy with three losing levers, which the decider below ranks above every good action."""
+
+    def valid_actions(self) -> list[str]:
+        return sorted([*ToyEnv.valid_actions(self), *LEVERS])
+
+    def step(self, action: Action) -> StepResult:
+        if action.kind == "command" and action.text in LEVERS:
+            action = Action.command("pull lever")
+        return super().step(action)
+
+
+class LeverOracle(TrapOracle):
+    env_class = LeverToy
+
+    def score(self, req, text: str) -> list[float]:
+        best = toy_expert_action(self._replay(prompt_actions(text))[0])
+        return [0.0 if c in LEVERS else (-1.0 if c == best else -5.0) for c in req.candidates]
+
+
+@pytest.mark.parametrize("widen_lost", [0, 2])
+def test_when_every_candidate_loses_the_planner_imagines_the_next_ranked_actions(widen_lost):
+    task = TOY_TASKS[1]
+    oracle = LeverOracle(task)
+    engine = ScriptedEngine(oracle.decide, oracle.simulate, oracle.score)
+    cfg = PlannerConfig(
+        arm="simplan", k=3, horizon=1, adaptive=False, raise_errors=True, simulator="env", widen_lost=widen_lost
+    )
+    planner = Planner(engine, LeverToy(), cfg)
+    try:
+        trace = planner.run(task).trace
+    finally:
+        planner.close()
+    first = trace.of_type("imagine")[0]
+    acts = [e.action for e in trace.of_type("act")]
+    if widen_lost == 0:  # the three levers are all it imagines: it pulls the best-liked one and loses
+        assert [c.actions[0] for c in first.candidates] == list(LEVERS)
+        assert acts == ["pull lever a"] and not trace.of_type("end")[0].success
+        return
+    # One more round of K: the expert's action (ranked 4th) is imagined, not lost, and taken; the episode is won.
+    assert [c.actions[0] for c in first.candidates][:3] == list(LEVERS) and len(first.candidates) == 6
+    assert "every candidate predicted lost: imagined 3 more" in first.reason
+    assert not any(a in LEVERS for a in acts) and trace.of_type("end")[0].success
+    assert sum("imagined 3 more" in e.reason for e in trace.of_type("imagine")) == len(trace.of_type("imagine"))
