@@ -822,8 +822,8 @@ class Planner:
         self, ep: _Episode, root: PromptState | EpisodeState, allowed: list[str] | None
     ) -> tuple[list[Proposal], float | None, str, bool]:
         """First actions from the real state, best first: (proposals, confidence margin, how, is_fallback).
-        Scored valid actions come all of them (the caller imagines the first K, and more when all of those
-        lose); sampled ones are at most K."""
+        Scored valid actions are all returned (the caller imagines the first K, and the next ones when all of
+        those lose); sampled ones are at most K."""
         mode = self.config.propose
         if mode == "auto":
             mode = "score" if allowed else "sample"
