@@ -245,13 +245,15 @@ def signed_pct(x: float) -> str:
     return f"{100 * x:+.1f}"
 
 
-def paired_row(run: str, c: PairedComparison) -> list[str]:
+def paired_row(run: str, c: PairedComparison, compared: str | None = None) -> list[str]:
+    """One row of a paired table; `compared` names B and A (default: the arms, 'simplan - reactive')."""
+
     def per_success(a: float | None, b: float | None, digits: int) -> str:
         return f"{num(a, digits)} -> {num(b, digits)}"
 
     return [
         run,
-        f"{c.arm_b} - {c.arm_a}",
+        compared or f"{c.arm_b} - {c.arm_a}",
         str(c.pairs) + (f" ({c.unpaired} unpaired left out)" if c.unpaired else ""),
         f"{c.a_successes} -> {c.b_successes}",
         f"{c.a_only} / {c.b_only}",
@@ -289,12 +291,11 @@ def paired_table(runs: list[RunData]) -> Table:
 def runs_table(runs: list[RunData]) -> Table | None:
     """Each later run against the first, arm by arm, on the tasks both ran (None with one run)."""
     first = runs[0]
-    rows = []
-    for later in runs[1:]:
-        for c in compare_runs(first.records, later.records):
-            row = paired_row(f"{first.name} -> {later.name}", c)
-            row[1] = c.arm_a
-            rows.append(row)
+    rows = [
+        paired_row(f"{first.name} -> {later.name}", c, compared=c.arm_a)
+        for later in runs[1:]
+        for c in compare_runs(first.records, later.records)
+    ]
     if not rows:
         return None
     return Table(
