@@ -57,6 +57,13 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, FolderLockedError, UnknownEnvError, ImportError) as e:
         print(f"simplan eval: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C (or a timeout's SIGINT): say what was kept instead of a traceback
+        print(
+            f"\nsimplan eval: interrupted; the finished episodes are kept in {eval_cfg.out}, and the same command "
+            "resumes (episodes cut short, and those whose env the interrupt reached, run again)",
+            file=sys.stderr,
+        )
+        return 130
     finally:
         engine.close()
     print(

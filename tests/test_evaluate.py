@@ -273,3 +273,25 @@ def test_errored_episodes_fail_the_command_and_a_rerun_retries_only_them(tmp_pat
     moved = [json.loads(line) for line in (out / (TRACES + ".errored")).read_text().splitlines()]
     assert {r["episode_id"] for r in moved} == crashed and moved[-1]["status"] == "errored"  # kept for reading
     assert eval_script.main(argv) == 0 and "(4 already done, 0 errored)" in capsys.readouterr().out
+
+
+def test_an_interrupted_eval_says_the_same_command_resumes(tmp_path, monkeypatch, capsys) -> None:
+    from simplan.scripts import eval as eval_script
+
+    closed = []
+
+    class Engine:
+        def close(self) -> None:
+            closed.append(True)
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(eval_script, "engine_from_config", lambda _: Engine())
+    monkeypatch.setattr(eval_script, "is_merged", lambda _: False)
+    monkeypatch.setattr(eval_script, "evaluate", interrupted)
+    out = str(tmp_path / "run")
+    assert eval_script.main(["--suite", "toy-dev", "--out", out, "--progress", "false"]) == 130
+    err = capsys.readouterr().err
+    assert f"interrupted; the finished episodes are kept in {out}, and the same command resumes" in err
+    assert "Traceback" not in err and closed == [True]
