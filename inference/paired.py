@@ -220,7 +220,8 @@ def compare_runs(
 ) -> list[PairedComparison]:
     """Each arm present in both runs, `after` against `before` over the tasks both ran (a flywheel round's old
     and new adapters, say): the same statistics as between arms, with the run in place of the arm."""
-    arms = [a for a in arms_in_order(before) if a in set(arms_in_order(after))]
+    played_after = set(arms_in_order(after))
+    arms = [a for a in arms_in_order(before) if a in played_after]
     return [
         compare_pairs(_by_pair(before, a, task_key), _by_pair(after, a, task_key), a, a, resamples, seed) for a in arms
     ]
