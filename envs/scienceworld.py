@@ -34,7 +34,8 @@ action missing from the list as impossible.
 Errors. `Observation.error` is True when ScienceWorld's answer says the input was not understood or
 did nothing ("No known action matches that input.", "I'm not sure ...", "... can't ...", "... isn't
 open", ...). An ambiguity question is not an error. Nothing is checked against the valid list,
-because ScienceWorld accepts actions that list does not show.
+because ScienceWorld accepts actions that list does not show. The same patterns are the adapter's
+`error_patterns`, so the planner's judge reads predicted texts as the adapter reads real ones.
 
 Score and success. `StepResult.score` is ScienceWorld's score / 100 (-1 when the task failed, e.g.
 focusing on the wrong object); `won` when ScienceWorld reports the task completed with score 100;
@@ -84,11 +85,15 @@ VERB_ORDER: tuple[str, ...] = (
 ELECTRICAL_PREFIXES: tuple[str, ...] = ("power-component", "test-conductivity")
 AMBIGUOUS_PREFIX = "Ambiguous request"
 _OPTION_RE = re.compile(r"^(\d+):", re.MULTILINE)
-_ERROR_RE = re.compile(
-    r"^\s*(no known action|unknown action|i'm not sure|error)|\bcan't\b|\bcannot\b|isn't open|is not open"
-    r"|is not openable|doesn't appear to",
-    re.IGNORECASE,
+# ScienceWorld's answers to input it did not understand or that had no effect, read on the first line; an
+# ambiguity question is none. The adapter's `error_patterns`: the judge and the error pivot read failures in
+# predicted texts with the same patterns the adapter flags real ones with.
+_FIRST_LINE = r"\A(?!ambiguous request)[^\S\n]*"
+ERROR_PATTERNS: tuple[str, ...] = (
+    _FIRST_LINE + r"(no known action|unknown action|i'm not sure|error)",
+    _FIRST_LINE + r"[^\n]*?(\bcan't\b|\bcannot\b|isn't open|is not open|is not openable|doesn't appear to)",
 )
+_ERROR_RES = [re.compile(p, re.IGNORECASE) for p in ERROR_PATTERNS]
 # Gold paths of the boil/freeze/chemistry tasks hold "pour metal pot into metal pot", which ScienceWorld
 # answers "You can't move something into itself." (no effect): expert_plan() leaves such steps out.
 _SELF_MOVE_RE = re.compile(r"^(?:pour|move|dunk) (.+) (?:into|to|in) \1$")
@@ -113,7 +118,7 @@ def _make_sw() -> Any:
 
 def is_error_response(text: str) -> bool:
     """True when ScienceWorld's answer says the input was not understood or had no effect."""
-    return not text.startswith(AMBIGUOUS_PREFIX) and bool(_ERROR_RE.search(text.split("\n", 1)[0]))
+    return any(p.search(text) for p in _ERROR_RES)
 
 
 def _verb_rank(action: str) -> int:
@@ -142,6 +147,7 @@ class ScienceWorldEnv(JvmEnvLifecycle):
 
     name = "scienceworld"
     description = "ScienceWorld: 30 elementary-science task types in a simulated house (thermometers, circuits, ...)"
+    error_patterns: tuple[str, ...] = ERROR_PATTERNS
 
     def __init__(
         self,

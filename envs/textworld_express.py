@@ -34,8 +34,10 @@ Episode semantics.
 - `Observation.error` is True when the command is not among the valid actions (TWX answers
   "Unknown action: I'm not sure what you mean.") or TWX's answer says it had no effect ("That is
   already open.", "You can't move there, the door is closed.", a full inventory, ...). The command is
-  still sent to TWX, so the observation is TWX's own text. A valid but wrong move (e.g. simonsays
-  "Incorrect!") is not an error: it is a task failure (`info["taskfailure"]`, score -1, done).
+  still sent to TWX, so the observation is TWX's own text. The adapter's `error_patterns` are the same
+  patterns, so the planner's judge reads a predicted "That is already open." as the failure it is. A
+  valid but wrong move (e.g. simonsays "Incorrect!") is not an error: it is a task failure
+  (`info["taskfailure"]`, score -1, done).
 - `StepResult.score` is TWX's score: 0..1, but arithmetic, sorting, simonsays and peckingorder end a
   failed episode with -1. `won` is `info["tasksuccess"]` or score >= 1. `done` on success, failure,
   or after `max_steps` steps (`info["truncated"]`; default 200, above TWX's longest gold paths even
@@ -83,12 +85,14 @@ DEFAULT_GAME_PARAMS: dict[str, str] = {
     "simonsays": "",
     "peckingorder": "",
 }
-# TWX answers to commands that did nothing (collected from the jar's strings and random play).
-_ERROR_RE = re.compile(
+# TWX answers to commands that did nothing (collected from the jar's strings and random play). The adapter's
+# `error_patterns`: the judge and the error pivot read failures in predicted texts with the same patterns the
+# adapter flags real ones with (the defaults miss "That is already open.").
+ERROR_PATTERNS: tuple[str, ...] = (
     r"^\s*(unknown action|i'm not sure what you mean|that is already (open|closed)|you can't|"
     r"you are unable to|.*you can't pick up another item)",
-    re.IGNORECASE,
 )
+_ERROR_RES = [re.compile(p, re.IGNORECASE) for p in ERROR_PATTERNS]
 # game -> fold -> seeds. Reading 3 x 1,000 seeds through py4j costs ~1 s per game, and TWX's seed lists
 # do not depend on gameParams, so every adapter in the process shares them.
 _SEED_CACHE: dict[str, dict[str, list[int]]] = {}
@@ -171,7 +175,7 @@ def goal_with_reading(task: str, read: dict[str, str]) -> str:
 
 def is_error_response(text: str) -> bool:
     """True when TWX's answer says the command was not understood or had no effect."""
-    return bool(_ERROR_RE.match(text))
+    return any(p.search(text) for p in _ERROR_RES)
 
 
 class TextWorldExpressEnv(JvmEnvLifecycle):
@@ -180,6 +184,7 @@ class TextWorldExpressEnv(JvmEnvLifecycle):
     name = "twx"
     description = "TextWorld-Express: 8 fast text games (cooking, coin, twc, map reading, arithmetic, ...)"
     families: tuple[str, ...] = GAMES
+    error_patterns: tuple[str, ...] = ERROR_PATTERNS
 
     def __init__(
         self,

@@ -19,6 +19,7 @@ from simplan.envs.scienceworld import (  # noqa: E402
     is_error_response,
     task_names,
 )
+from simplan.inference.judge import Judge, JudgeWeights, env_patterns  # noqa: E402
 
 FAST = ["lifespan-longest-lived", "power-component"]
 
@@ -138,3 +139,22 @@ def test_all_thirty_task_types_have_disjoint_folds(env):
     ids = {f: {t.task_id for t in env.tasks(f)} for f in ("train", "dev", "test")}
     assert not (ids["train"] & ids["dev"]) and not (ids["train"] & ids["test"]) and not (ids["dev"] & ids["test"])
     assert sum(len(v) for v in ids.values()) == 7207
+
+
+def test_the_judge_reads_failures_with_the_adapters_own_patterns():
+    """The judge (and the error pivot) read predicted texts with the adapter's own patterns: first line only,
+    an ambiguity question is none."""
+    judge = Judge(JudgeWeights(), error_patterns=env_patterns(ScienceWorldEnv, "error_patterns", ()))
+    texts = [
+        "No known action matches that input.",
+        "  I'm not sure what you mean.",
+        "The glass jar isn't open, so you can't see inside.",
+        "The door is not openable.",
+        "That doesn't appear to be something you can pick up.",
+        "Ambiguous request: Please enter the number for the action you intended (or blank to cancel):\n0: you can't",
+        "You move the apple seed to the flower pot 1.",
+        "You are in the kitchen.\nYou can't see a stove here.",
+        "The stove is now activated.",
+    ]
+    expected = [True] * 5 + [False] * 4
+    assert [judge.is_error(t) for t in texts] == [is_error_response(t) for t in texts] == expected

@@ -17,6 +17,13 @@ from simplan.envs.textworld_express import (  # noqa: E402
     goal_with_reading,
     is_error_response,
 )
+from simplan.inference.judge import (  # noqa: E402
+    DEFAULT_ERROR_PATTERNS,
+    Judge,
+    JudgeMemory,
+    JudgeWeights,
+    env_patterns,
+)
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +82,33 @@ def test_invalid_and_no_effect_actions_are_error_observations(env):
         "You can't move there, the door is closed."
     )
     assert not is_error_response("You open the wood door, revealing the bedroom.")
+
+
+def test_the_judge_reads_failures_with_the_adapters_own_patterns():
+    """A predicted "That is already open." is a failure to the judge, as the real one is to the adapter: the
+    first step's error ends the rollout's credit (the defaults missed it, so a 3-step rollout opening an open
+    door scored its later steps' progress)."""
+    judge = Judge(JudgeWeights(), error_patterns=env_patterns(TextWorldExpressEnv, "error_patterns", ()))
+    texts = [
+        "That is already open. ",
+        "That is already closed.",
+        "Unknown action: I'm not sure what you mean.",
+        "You can't move there, the door is closed.",
+        "You are unable to do that.",
+        "The bag is full. You can't pick up another item.",
+        "You open the wood door, revealing the bedroom.",
+        "You pick up the red apple.",
+        "Incorrect! The episode is over.",
+    ]
+    assert [judge.is_error(t) for t in texts] == [is_error_response(t) for t in texts] == [True] * 6 + [False] * 3
+    rollout = (
+        ["open door to kitchen", "move east", "take apple"],
+        ["That is already open.", "You go east.", "You pick up the apple."],
+    )
+    parts, _ = judge.score(*rollout, JudgeMemory())
+    assert parts["error"] < 0 and parts["progress"] == 0.0
+    default_parts, _ = Judge(JudgeWeights(), error_patterns=DEFAULT_ERROR_PATTERNS).score(*rollout, JudgeMemory())
+    assert default_parts["error"] == 0.0 and default_parts["progress"] > 0  # what the defaults made of it
 
 
 def test_case_insensitive_match_sends_the_valid_spelling(env):
