@@ -140,6 +140,14 @@ class BuildConfig:
     dedupe: bool = field(
         default=True, metadata={"help": "drop repeated identical (prompt, completion) pairs per fold"}
     )
+    oversample: dict[str, int] = field(
+        default_factory=dict,
+        metadata={
+            "help": "train split only: policy -> copies of each of its examples, after dedupe (e.g. '{reactive: 4}' "
+            "weighs a flywheel's harvested traces, whose policy is the arm that played them, 4x against the "
+            "expert data); dev and test are never repeated"
+        },
+    )
     batch_size: int = field(default=4096, metadata={"help": "prompts per tokenizer call"})
     progress: bool = field(default=True, metadata={"help": "show progress bars"})
     env: str | None = field(
@@ -184,6 +192,10 @@ class BuildConfig:
             raise ValueError(f"sources: {bad or self.sources} not valid; choose from {STEP_SOURCES}")
         if self.batch_size <= 0:
             raise ValueError(f"batch_size: {self.batch_size} must be positive")
+        self.oversample = dict(self.oversample or {})
+        bad_copies = {k: v for k, v in self.oversample.items() if type(v) is not int or v < 1}
+        if bad_copies:
+            raise ValueError(f"oversample: copies must be whole numbers >= 1, got {bad_copies}")
         self.env = self.env or None  # '' (a YAML key left empty) means the default, as none does
         self.settings()  # validates the prompt settings (window overlap, reserve) here, naming the field
 
@@ -697,6 +709,7 @@ def stats_markdown(stats: dict[str, Any]) -> str:
         f"malformed lines skipped: {stats['malformed_lines']}",
         f"- built in {stats['seconds']['total']:.1f} s (tokenizing and fitting {stats['seconds']['tokenize']:.1f} s; "
         f"loading the tokenizer took {stats['seconds']['tokenizer']:.1f} s more)",
+        *_oversample_line(stats.get("oversampled")),
         "",
         "| fold | examples | deduplicated | prompt p50 / p90 / p99 / max | completion p50 / p90 / p99 / max |",
         "|---|---:|---:|---|---|",
@@ -722,6 +735,15 @@ def stats_markdown(stats: dict[str, Any]) -> str:
     if stats["problems"]:
         lines += ["", "Malformed input (first ones):", ""] + [f"- `{p}`" for p in stats["problems"][:10]]
     return "\n".join(lines) + "\n"
+
+
+def _oversample_line(oversampled: dict[str, Any] | None) -> list[str]:
+    if not oversampled or not oversampled["copies"]:
+        return []
+    parts = [
+        f"{policy} x{n} (+{oversampled['rows_added'].get(policy, 0)})" for policy, n in oversampled["copies"].items()
+    ]
+    return [f"- train examples repeated by policy (oversample; rows added): {', '.join(parts)}"]
 
 
 def _trained_by_source(rows: list[dict[str, Any]]) -> dict[str, int]:
@@ -789,6 +811,22 @@ def _stats(
     }
 
 
+def oversampled(
+    rows: dict[str, list[dict[str, Any]]], copies: dict[str, int]
+) -> tuple[dict[str, list[dict[str, Any]]], dict[str, int]]:
+    """The rows with each train-fold row of a policy in `copies` repeated that many times in place (the trainer
+    shuffles), and the rows added per policy. Other folds are left alone: dev measures, it is not weighted."""
+    if not copies or "train" not in rows:
+        return rows, {}
+    added: Counter = Counter()
+    train = []
+    for row in rows["train"]:
+        n = copies.get(row["policy"], 1)
+        train += [row] * n
+        added[row["policy"]] += n - 1
+    return {**rows, "train": train}, {k: v for k, v in sorted(added.items()) if v}
+
+
 def build(cfg: BuildConfig, tokenizer: Any = None) -> BuildResult:
     """Read, render, fit, tokenize and write one dataset; returns the stats and the written paths."""
     started = time.perf_counter()
@@ -813,6 +851,7 @@ def build(cfg: BuildConfig, tokenizer: Any = None) -> BuildResult:
     else:
         rows, dedup = build_rows(candidates, cfg, tokenizer, counts)
         features = _features()
+    rows, added = oversampled(rows, cfg.oversample)
     t2 = time.perf_counter()
 
     out = Path(cfg.out)
@@ -829,6 +868,7 @@ def build(cfg: BuildConfig, tokenizer: Any = None) -> BuildResult:
     t3 = time.perf_counter()
     seconds = {"tokenizer": t0 - started, "load": t1 - t0, "tokenize": t2 - t1, "write": t3 - t2, "total": t3 - t0}
     stats = _stats(cfg, files, loaded, {f: rows.get(f, []) for f in folds}, dedup, counts, seconds)
+    stats["oversampled"] = {"copies": cfg.oversample, "rows_added": added}
     paths |= {"stats": str(out / "stats.json"), "stats_md": str(out / "stats.md"), "config": str(out / "config.json")}
     paths["prompt_settings"] = str(write_settings(out, cfg.settings()))
     write_json(out / "stats.json", stats)

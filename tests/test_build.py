@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
@@ -171,6 +172,39 @@ def test_dedupe_counts_identical_pairs_within_a_fold(tmp_path, tokenizer, model_
     n = sum(len(t.steps) for t in trajs)
     assert res.stats["examples"]["total"] == n
     assert res.stats["dedup"] == {"total": n, "by_fold": {"train": n}}
+
+
+@pytest.mark.parametrize("fmt_name", ["step", "conversation"])
+def test_oversample_repeats_a_policys_train_rows_after_dedupe(fmt_name, tmp_path, tokenizer, model_dir):
+    """A flywheel weighs its harvested traces (policy = the arm) against the expert data: each train row of the
+    named policy appears that many times; dev rows and other policies are left alone."""
+    src = tmp_path / "toy.jsonl"
+    write_toy(src, {"train": 2, "dev": 1})
+    plain = build(_cfg(tmp_path / "a", [src], model_dir, role="simulator", format=fmt_name), tokenizer=tokenizer)
+    cfg = _cfg(tmp_path / "b", [src], model_dir, role="simulator", format=fmt_name, oversample={"noisy_expert": 3})
+    weighted = build(cfg, tokenizer=tokenizer)
+
+    def count(res, fold):
+        rows = [json.loads(line) for line in Path(res.paths[fold]).read_text().splitlines()]
+        return len(rows)
+
+    def by_policy(res, fold):
+        from datasets import load_from_disk
+
+        return Counter(load_from_disk(res.paths["dataset"])[fold]["policy"])
+
+    before, after = by_policy(plain, "train"), by_policy(weighted, "train")
+    assert before["noisy_expert"] > 0 and after["noisy_expert"] == 3 * before["noisy_expert"]
+    assert after["expert"] == before["expert"]
+    assert by_policy(weighted, "dev") == by_policy(plain, "dev")
+    assert count(weighted, "train") == count(plain, "train") + 2 * before["noisy_expert"]
+    assert weighted.stats["oversampled"] == {
+        "copies": {"noisy_expert": 3},
+        "rows_added": {"noisy_expert": 2 * before["noisy_expert"]},
+    }
+    assert "noisy_expert x3" in Path(weighted.paths["stats_md"]).read_text()
+    with pytest.raises(ValueError, match="oversample"):
+        replace(cfg, oversample={"noisy_expert": 0})
 
 
 def test_a_task_in_two_folds_is_an_error_naming_it(tmp_path, tokenizer, model_dir):

@@ -451,8 +451,10 @@ def test_flywheel_twx_recipe_continues_the_demo(monkeypatch) -> None:
     assert cfg.data == [str(demo.data("train")), str(demo.data("dev"))] and cfg.before == str(demo.out / "eval")
     assert (cfg.decider, cfg.simulator) == tuple(str(demo.train_dir(r) / "adapter") for r in ("decider", "simulator"))
     # the demo's eval, engine, model and prompt window; 40 more steps with its other train keys
-    for key in ("eval", "engine", "model", "build", "suite", "decider_recipe", "simulator_recipe"):
+    for key in ("eval", "engine", "model", "suite", "decider_recipe", "simulator_recipe"):
         assert getattr(cfg, key) == getattr(demo_cfg, key), key
+    assert {k: v for k, v in cfg.build.items() if k != "oversample"} == demo_cfg.build
+    assert set(cfg.build["oversample"]) == set(cfg.harvest_arms)  # the traces' policies: every harvested arm weighed
     assert cfg.arms == ["reactive", "simplan"]
     assert cfg.train["max_steps"] == 40 and set(cfg.train) == set(demo_cfg.train)
     assert set(cfg.estimates) == set(FLYWHEEL_STAGES)
