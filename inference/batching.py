@@ -16,6 +16,10 @@ Only the dispatcher thread touches the underlying engine, so backends need not b
 If a merged call raises (e.g. NotImplementedError for a constraint one caller asked for), each
 caller's requests are retried alone, so only the caller responsible sees the error and the
 planner's own fallbacks work as they do without batching.
+
+`cancel(reason)` ends the episodes at their next model call: waiting and later calls raise
+`Cancelled(reason)` (the planner records the episode as errored), the call in flight finishes first.
+`simplan eval` cancels on a second Ctrl-C, so a stop does not wait for a dozen long episodes.
 """
 
 from __future__ import annotations
@@ -35,6 +39,10 @@ from simplan.inference.engine import (
     ScoreRequest,
     ScoreResult,
 )
+
+
+class Cancelled(RuntimeError):
+    """A model call refused because the batcher was cancelled (`BatchingEngine.cancel`)."""
 
 
 @dataclass
@@ -89,6 +97,7 @@ class BatchingEngine:
         self._pending: list[_Job] = []
         self._active = 0
         self._closed = False
+        self._cancelled: str | None = None
         self._thread = threading.Thread(target=self._loop, name="batching-engine", daemon=True)
         self._thread.start()
 
@@ -117,6 +126,8 @@ class BatchingEngine:
             return []
         job = _Job(kind, list(requests))
         with self._cond:
+            if self._cancelled is not None:
+                raise Cancelled(self._cancelled)
             if self._closed:
                 raise RuntimeError("BatchingEngine: closed; create a new one")
             self._pending.append(job)
@@ -196,6 +207,16 @@ class BatchingEngine:
             j.results = results[i : i + len(j.requests)]
             i += len(j.requests)
             j.done.set()
+
+    def cancel(self, reason: str) -> None:
+        """Refuse every waiting and later call with `Cancelled(reason)`; the call in flight finishes."""
+        with self._cond:
+            self._cancelled = reason
+            jobs, self._pending = self._pending, []
+            self._cond.notify_all()
+        for job in jobs:
+            job.error = Cancelled(reason)
+            job.done.set()
 
     def close(self) -> None:
         """Stop the dispatcher (pending calls are served first). The wrapped engine stays open."""

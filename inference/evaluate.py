@@ -43,6 +43,7 @@ import fcntl
 import json
 import os
 import queue
+import signal
 import socket
 import sys
 import threading
@@ -404,6 +405,32 @@ def check_identity(out: Path, identity: dict[str, Any]) -> None:
 # ---------------------------------------------------------------------------------------------
 # Running
 # ---------------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def ctrl_c_stops(batcher: BatchingEngine | None) -> Iterator[None]:
+    """Ctrl-C while episodes run: the first raises KeyboardInterrupt as usual (episodes not started are dropped,
+    running ones finish and are written); a second, wherever it lands, cancels the batcher, so each running
+    episode ends at its next model call, recorded as errored (the next run plays it again). Without a batcher,
+    or outside the main thread (no signal handler can be set there), Ctrl-C behaves as it always does."""
+    if batcher is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    presses = 0
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        nonlocal presses
+        presses += 1
+        if presses == 1:
+            raise KeyboardInterrupt
+        print("eval: cutting the running episodes at their next model call", file=sys.stderr, flush=True)
+        batcher.cancel("evaluation stopped by Ctrl-C; the episode runs again on the next run")
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def run_episode(
     engine: Engine,
     env: Env,
@@ -579,20 +606,30 @@ def _evaluate_locked(
 
     pool = ThreadPoolExecutor(max_workers=len(all_slots), thread_name_prefix="episode")
     futures = [pool.submit(one, s) for s in todo]
-    try:
-        finished, _ = wait(futures, return_when=FIRST_EXCEPTION)
-        failed = [f for f in finished if f.exception() is not None]
-        if failed:
-            raise failed[0].exception()  # type: ignore[misc]
-    finally:
-        # On an error or Ctrl-C, episodes not started are dropped; running ones finish and are written.
-        pool.shutdown(wait=True, cancel_futures=True)
-        if bar is not None:
-            bar.close()
-        if batcher is not None:
-            batcher.close()
-        for s in all_slots:
-            s.close()
+    with ctrl_c_stops(batcher):
+        try:
+            finished, _ = wait(futures, return_when=FIRST_EXCEPTION)
+            failed = [f for f in finished if f.exception() is not None]
+            if failed:
+                raise failed[0].exception()  # type: ignore[misc]
+        except KeyboardInterrupt:
+            running = sum(f.running() for f in futures)
+            again = " Ctrl-C again cuts them at their next model call (they run again next time)." if batcher else ""
+            print(
+                f"\neval: stopping; {running} running episode(s) finish and are kept.{again}",
+                file=sys.stderr,
+                flush=True,
+            )
+            raise
+        finally:
+            # On an error or Ctrl-C, episodes not started are dropped; running ones finish and are written.
+            pool.shutdown(wait=True, cancel_futures=True)
+            if bar is not None:
+                bar.close()
+            if batcher is not None:
+                batcher.close()
+            for s in all_slots:
+                s.close()
     seconds = time.perf_counter() - started
     batch = batcher.stats.to_dict() if batcher is not None else {}
     _record_invocation(out, cfg, concurrency, seconds, counts, batch, engine_info)

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 import warnings
 
 import pytest
@@ -102,7 +105,6 @@ def test_faults_are_recorded_in_traces(tmp_path) -> None:
 
 
 def test_batching_engine_splits_errors_to_their_caller() -> None:
-    import threading
 
     engine = greedy_engine()
     engine.constrained = False  # choices raise NotImplementedError
@@ -129,6 +131,38 @@ def test_batching_engine_splits_errors_to_their_caller() -> None:
     assert results["plain"] == "go east"
     assert isinstance(results["constrained"], NotImplementedError)
     assert batcher.stats.split_retries == 1 and batcher.stats.max_calls_per_batch == 2
+
+
+def test_a_second_ctrl_c_cuts_the_running_episodes_at_their_next_model_call(tmp_path, capsys) -> None:
+    """The first Ctrl-C lets running episodes finish; a second one cancels the batcher, so each running episode
+    ends at its next model call, recorded as errored (the next run plays it again) instead of finishing."""
+    engine = greedy_engine(latency=1.0)  # a toy episode takes several decisions: seconds, unless cut
+    inner_generate = engine.generate
+    started = threading.Event()
+
+    def generate(requests):
+        started.set()
+        return inner_generate(requests)
+
+    engine.generate = generate
+
+    def press_ctrl_c_twice() -> None:
+        started.wait(30)
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.3)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    presser = threading.Thread(target=press_ctrl_c_twice)
+    presser.start()
+    with pytest.raises(KeyboardInterrupt):
+        evaluate(_cfg(tmp_path, episodes=4), engine, concurrency=2)
+    presser.join()
+    err = capsys.readouterr().err
+    assert "eval: stopping; 2 running episode(s) finish and are kept. Ctrl-C again cuts them" in err
+    assert "eval: cutting the running episodes at their next model call" in err
+    traces = read_traces(tmp_path / "run" / TRACES)
+    assert len(traces) == 2  # the two that had started; the other two were never begun
+    assert all(t.end.status == "errored" and "stopped by Ctrl-C" in t.end.error for t in traces)
 
 
 def test_an_episode_setup_error_stops_the_eval(tmp_path) -> None:
