@@ -415,7 +415,7 @@ class Flywheel(Pipeline):
         build_values = {
             "inputs": [traces_cfg.out],
             "model": self._model(),
-            **cfg.build,
+            **{k: v for k, v in cfg.build.items() if k != "oversample"},  # training weights: each state counts once
             "role": "simulator",
             "dedupe": True,  # arms that walked the same way repeat a window: counted twice it is no new evidence
             "out": str(out / "dataset"),

@@ -464,3 +464,4 @@ def test_flywheel_twx_recipe_continues_the_demo(monkeypatch) -> None:
     assert "--episodes 1 --max_steps 25" in flywheel.stage("eval").command
     check = flywheel.stage("simulator-check").command
     assert f"--runs {cfg.before}" in check and "--max_prompt_tokens 640" in check and "--limit 120" in check
+    assert "--oversample" in flywheel.stage("build-simulator").command and "--oversample" not in check
