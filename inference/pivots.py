@@ -46,8 +46,11 @@ SIMILARITIES = ("token_f1", "ratio")
 def similarity(expected: str, observed: str, method: str = "token_f1") -> float:
     """Similarity of two observations in [0, 1] after `normalize_text` (1.0 = identical).
 
-    token_f1: F1 of the multisets of word tokens (punctuation split off), robust to small
-              rewordings and order changes; ratio: difflib's character-level ratio.
+    token_f1: F1 of the multisets of word tokens, robust to small rewordings and order changes.
+              Punctuation is not counted: on a short observation the commas, quotes and period two texts
+              share would make different contents look alike (TWX simonsays: "Simon says, 'slice olive'."
+              against the predicted "Simon says, 'touch banana'." is 0.5, not 0.75 with punctuation).
+    ratio:    difflib's character-level ratio.
     Two empty texts are identical (1.0); one empty text against a non-empty one is 0.0.
     """
     a, b = normalize_text(expected), normalize_text(observed)
@@ -67,7 +70,7 @@ def similarity(expected: str, observed: str, method: str = "token_f1") -> float:
     return 2 * precision * recall / (precision + recall)
 
 
-_TOKEN = re.compile(r"\w+|[^\w\s]")
+_TOKEN = re.compile(r"\w+")
 
 
 def _tokens(text: str) -> list[str]:

@@ -32,11 +32,15 @@ def ctx(history, **kw) -> PivotContext:
 # -- similarity ------------------------------------------------------------------------------------
 def test_similarity_token_f1_hand_values():
     assert similarity("You are in room 2 of 4.", "you are in room 2 of 4.") == 1.0  # case and spacing only
-    # 8 tokens each ("." is a token), 7 in common -> P = R = F1 = 7/8
-    assert similarity("You are in room 2 of 4.", "You are in room 3 of 4.") == pytest.approx(7 / 8)
+    # 7 words each (punctuation does not count), 6 in common -> P = R = F1 = 6/7
+    assert similarity("You are in room 2 of 4.", "You are in room 3 of 4.") == pytest.approx(6 / 7)
+    # 4 words against 5 (you, can, t, do, that), 1 in common
     assert similarity("You take the key.", "You can't do that.") == pytest.approx(
-        2 * (2 / 5) * (2 / 7) / (2 / 5 + 2 / 7)
+        2 * (1 / 4) * (1 / 5) / (1 / 4 + 1 / 5)
     )
+    # the shared comma, quotes and period of a short instruction do not make two instructions alike
+    assert similarity("Simon says, 'touch banana'.", "Simon says, 'slice olive'.") == pytest.approx(0.5)
+    assert similarity("...", "!") == 0.0  # different texts without a word
     assert similarity("", "") == 1.0 and similarity("", "x") == 0.0
     assert similarity("abc", "abd", method="ratio") == pytest.approx(2 / 3)
     with pytest.raises(ValueError, match="similarity method"):
@@ -68,11 +72,14 @@ def test_expectation_mismatch_threshold_and_near_miss():
     assert e.evidence["similarity"] < 0.75
     # near miss: same words, different case/punctuation spacing -> similarity 1
     assert rule.check(ctx([rec("go east", "you are in room 2 of 4 .")], expectation="You are in room 2 of 4.")) is None
-    # 7/8 = 0.875 >= 0.75 does not fire; with a stricter threshold it does
+    # 6/7 = 0.857 >= 0.75 does not fire; with a stricter threshold it does
     near = ctx([rec("go east", "You are in room 3 of 4.")], expectation="You are in room 2 of 4.")
     assert rule.check(near) is None
     assert ExpectationMismatch(threshold=0.9).check(near) is not None
     assert rule.check(ctx([rec()], expectation=None)) is None  # nothing predicted, nothing to compare
+    # a different instruction in the same frame is a mismatch (a committed simonsays plan went on past it)
+    simon = ctx([rec("touch cucumber", "Simon says, 'slice olive'.")], expectation="Simon says, 'touch banana'.")
+    assert rule.check(simon) is not None
 
 
 def test_repeated_action_in_a_row_and_same_pair():
