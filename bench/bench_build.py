@@ -23,9 +23,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from simplan.core.io import write_jsonl
 from simplan.data import format as fmt
 from simplan.data.build import BuildConfig, build
-from simplan.data.io import write_jsonl
 from simplan.data.trajectory import Step, Trajectory
 from simplan.envs.base import FOLDS, Action, Task
 from simplan.envs.toy import ToyEnv
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="", help="folder for the built datasets (default: a temporary folder)")
     args = ap.parse_args(argv)
 
-    from simplan.training.models import load_tokenizer
+    from simplan.models.registry import load_tokenizer
 
     tokenizer = load_tokenizer(args.model)
     work = Path(args.out or tempfile.mkdtemp(prefix="simplan-bench-build-"))

@@ -21,15 +21,16 @@ import json
 import tempfile
 from pathlib import Path
 
-from simplan.data.build import BuildConfig, build, step_rows
+from simplan.data.build import BuildConfig, build
+from simplan.data.build_rows import step_rows
 
 
 def _tokenizer(model: str):
     if model == "smollm2":
-        from simplan.training.tiny import _tokenizer as smollm2_tokenizer  # SmolLM2's, read from the GGUF
+        from simplan.models.tiny import _tokenizer as smollm2_tokenizer  # SmolLM2's, read from the GGUF
 
         return smollm2_tokenizer()
-    from simplan.training.models import load_tokenizer
+    from simplan.models.registry import load_tokenizer
 
     return load_tokenizer(model)
 

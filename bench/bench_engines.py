@@ -33,7 +33,7 @@ PAST = [("go west", "You are in the hallway. A staircase leads up."), ("go east"
 def planner_requests(n_decider: int, n_simulator: int, k: int, max_tokens: int):
     from simplan.data.format import decider_messages, simulator_messages, state_from_steps
     from simplan.envs.base import Action
-    from simplan.inference.engine import GenerationRequest
+    from simplan.inference.engines.base import GenerationRequest
 
     past = [(Action(text=a), o, False) for a, o in PAST]
     reqs = []
@@ -58,7 +58,7 @@ def planner_requests(n_decider: int, n_simulator: int, k: int, max_tokens: int):
 
 def score_requests(n: int):
     from simplan.data.format import decider_messages, state_from_steps
-    from simplan.inference.engine import ScoreRequest
+    from simplan.inference.engines.base import ScoreRequest
 
     return [
         ScoreRequest(
@@ -133,10 +133,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="", help="write the rows as JSON here")
     args = p.parse_args(argv)
 
-    from simplan.data.io import write_json
+    from simplan.core.io import write_json
     from simplan.inference.engines import make_engine, parse_adapters
-    from simplan.inference.serve import ServeConfig, start_server
-    from simplan.training.models import resolve_model
+    from simplan.inference.serving.server import ServeConfig, start_server
+    from simplan.models.registry import resolve_model
 
     model_path = resolve_model(args.model)
     tmp = tempfile.TemporaryDirectory(prefix="bench-adapters-")

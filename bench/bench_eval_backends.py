@@ -7,12 +7,12 @@
 
 What runs: for each config of `--configs` (hf-lora, hf-merged, vllm-lora, vllm-merged; engine options as in
 bench/bench_merged.py), one engine is built, then each arm of `--arms` is evaluated on it alone with the
-library call of `simplan eval` (inference/evaluate.py) into OUT/CONFIG/ARM (fresh each time), and the engine
+library call of `simplan eval` (evaluation/runner.py) into OUT/CONFIG/ARM (fresh each time), and the engine
 is closed before the next config starts: one job at a time, so run it on an otherwise idle machine. The
 tasks are the suite's first `--tasks-per-family` per game, at most `--limit` of them (twx-dev-small, 1 per
 game, 8: one task of every TextWorld-Express game).
 
-Columns per (config, arm), every token count from the run's traces (inference/metrics.py): episodes,
+Columns per (config, arm), every token count from the run's traces (evaluation/metrics.py): episodes,
 success, wall_s (the evaluate call; engine start-up and merges are reported apart, as startup_s and
 merge_s), episodes_per_hour = 3600 * episodes / wall_s, steps (real actions), decisions (decider calls from
 the real state), imagined_steps, prompt and prefilled tokens per decision / imagined step / real step
@@ -78,7 +78,7 @@ def _list(text: str, allowed: tuple[str, ...], flag: str) -> list[str]:
 
 
 def eval_config(args: argparse.Namespace, arm: str, out: Path) -> Any:
-    from simplan.inference.evaluate import EvalConfig
+    from simplan.evaluation.runner import EvalConfig
 
     return EvalConfig(
         suite=args.suite,
@@ -94,8 +94,8 @@ def eval_config(args: argparse.Namespace, arm: str, out: Path) -> Any:
 
 
 def arm_row(out: Path, arm: str, wall: float) -> dict[str, Any]:
-    """The arm's numbers from the traces of its eval folder (inference/metrics.py)."""
-    from simplan.inference.metrics import aggregate, load_run
+    """The arm's numbers from the traces of its eval folder (evaluation/metrics.py)."""
+    from simplan.evaluation.metrics import aggregate, load_run
 
     metrics = [m for m in aggregate(load_run(out)) if m.arm == arm]
     if not metrics:
@@ -121,7 +121,7 @@ def arm_row(out: Path, arm: str, wall: float) -> dict[str, Any]:
 def run_config(config: str, model_path: str, adapters: dict[str, str], args: argparse.Namespace) -> list[dict]:
     """Every arm of `args.arms` on one engine of `config`, one after another; the engine is closed at the end.
     An arm that fails is recorded with its error and the next arm still runs."""
-    from simplan.inference.evaluate import evaluate
+    from simplan.evaluation.runner import evaluate
 
     t0 = time.perf_counter()
     engine, merge_s = build(config, model_path, adapters, args)
@@ -176,7 +176,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--model", default="smollm2-135m-instruct", help="base model: registry name or folder")
     p.add_argument("--adapters", required=True, help="decider=DIR,simulator=DIR (the trained adapters)")
     p.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated, from {', '.join(CONFIGS)}")
-    p.add_argument("--arms", default=",".join(ARMS), help="comma-separated arms (inference/arms.py)")
+    p.add_argument("--arms", default=",".join(ARMS), help="comma-separated arms (inference/planning/arms.py)")
     p.add_argument("--suite", default="twx-dev-small", help="suite name (recipes/suites) or YAML path")
     p.add_argument("--tasks-per-family", type=int, default=1, help="tasks per game (0: the suite's)")
     p.add_argument("--limit", type=int, default=8, help="at most this many tasks (0: all)")
@@ -194,7 +194,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if not isinstance(args.planner, dict):
         raise SystemExit(f"--planner: expected a mapping such as '{{horizon: 2}}', got {args.planner!r}")
     args.configs = _list(args.configs, CONFIGS, "--configs")
-    from simplan.inference.arms import ARMS as KNOWN_ARMS
+    from simplan.inference.planning.arms import ARMS as KNOWN_ARMS
 
     args.arms = _list(args.arms, KNOWN_ARMS, "--arms")
     for name in ("tasks_per_family", "limit", "max_steps"):
@@ -207,9 +207,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from simplan.data.io import write_json, write_text
+    from simplan.core.io import write_json, write_text
     from simplan.inference.engines import parse_adapters
-    from simplan.training.models import resolve_model
+    from simplan.models.registry import resolve_model
 
     model_path = str(resolve_model(args.model))
     adapters = parse_adapters(args.adapters)

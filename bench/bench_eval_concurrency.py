@@ -4,7 +4,7 @@
     python bench/bench_eval_concurrency.py --model smollm2-135m-instruct --suite twx-dev-small \\
         --episodes 1 --max-steps 10 --concurrency 8 --dtype bfloat16 --threads 2
 
-Loads ONE engine, then runs the same suite twice through `simplan.inference.evaluate`:
+Loads ONE engine, then runs the same suite twice through `simplan.evaluation.runner`:
 sequential (1 episode at a time, no batching) and concurrent (`--concurrency` episodes whose model
 calls merge into batched engine calls). Decoding is greedy, so both runs play the same episodes;
 the table shows wall time, episodes per minute, engine calls, and model tokens per second.
@@ -25,8 +25,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def run_mode(engine, args, out: Path, concurrency: int, batching: bool) -> dict:
-    from simplan.inference.evaluate import EvalConfig, evaluate
-    from simplan.inference.metrics import aggregate, load_run
+    from simplan.evaluation.metrics import aggregate, load_run
+    from simplan.evaluation.runner import EvalConfig, evaluate
 
     planner = {
         "max_history": 4,
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     from simplan.inference.engines import make_engine
-    from simplan.inference.pipeline import resolve_base_model
+    from simplan.workflows.pipeline import resolve_base_model
 
     model = resolve_base_model(args.model)
     opts = {"dtype": args.dtype, "threads": args.threads} if args.engine != "openai" else {}

@@ -82,7 +82,7 @@ def _read(path: Path) -> dict[str, Any]:
 
 
 def summarize(runs: list[Run], out: Path, train_s: dict[str, float], eval_s: dict[str, float]) -> dict[str, Any]:
-    from simplan.inference.metrics import wilson_interval
+    from simplan.evaluation.metrics import wilson_interval
 
     rows: dict[str, Any] = {}
     for run in runs:

@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="", help="also write the numbers as JSON here")
     args = p.parse_args(argv)
 
-    from simplan.inference.engine import GenerationRequest
+    from simplan.inference.engines.base import GenerationRequest
     from simplan.inference.engines.hf_peft import HFPeftEngine
 
     engine = HFPeftEngine(

@@ -26,9 +26,9 @@ from typing import Any
 from tqdm import tqdm
 
 from simplan.envs.toy import ToyEnv
-from simplan.inference.evaluate import ARMS  # the default comparison (the router arm needs an accuracy table)
-from simplan.inference.planner import Planner, PlannerConfig
-from simplan.inference.scripted import ScriptedEngine, ToyOracle
+from simplan.evaluation.runner import ARMS  # the default comparison (the router arm needs an accuracy table)
+from simplan.inference.engines.scripted import ScriptedEngine, ToyOracle
+from simplan.inference.planning.planner import Planner, PlannerConfig
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -54,7 +54,7 @@ def make_engine(args: argparse.Namespace) -> tuple[Any, Any]:
     if args.engine == "scripted":
         tokenizer = None
         if args.tokenizer:
-            from simplan.training.models import load_tokenizer, resolve_model
+            from simplan.models.registry import load_tokenizer, resolve_model
 
             tokenizer = load_tokenizer(resolve_model(args.tokenizer))
         return None, tokenizer
@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{statistics.median(r['overhead_share'] for r in rows.values()):.2%}"
     )
     if args.out:
-        from simplan.data.io import write_json
+        from simplan.core.io import write_json
 
         write_json(args.out, {"args": vars(args), "arms": rows})
     return 0 if worst < 0.05 else 1

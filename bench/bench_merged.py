@@ -69,7 +69,7 @@ def episode_state(episode: int, steps: int):
 
 def round_requests(renderer, episodes: int, step: int, max_tokens: int):
     """Step `step` of every episode: decider + simulator generate requests, and a decider score request."""
-    from simplan.inference.engine import GenerationRequest, ScoreRequest
+    from simplan.inference.engines.base import GenerationRequest, ScoreRequest
 
     gen, score = [], []
     for e in range(episodes):
@@ -167,10 +167,10 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         raise SystemExit(f"--configs: unknown {', '.join(unknown)}; choose from {', '.join(CONFIGS)}")
 
+    from simplan.core.io import write_json
     from simplan.data.episode import PromptSettings, renderer_for
-    from simplan.data.io import write_json
     from simplan.inference.engines import parse_adapters
-    from simplan.training.models import load_tokenizer, resolve_model
+    from simplan.models.registry import load_tokenizer, resolve_model
 
     model_path = resolve_model(args.model)
     tmp = tempfile.TemporaryDirectory(prefix="bench-merged-")

@@ -34,10 +34,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="", help="also write the numbers as JSON here")
     args = p.parse_args(argv)
 
-    from simplan.inference.engine import ScoreRequest
+    from simplan.evaluation.offline import EvalModelConfig, _load_rows
+    from simplan.inference.engines.base import ScoreRequest
     from simplan.inference.engines.common import score_rows
-    from simplan.inference.engines.hf_peft import HFPeftEngine, _token_trie
-    from simplan.training.evaluate import EvalModelConfig, _load_rows
+    from simplan.inference.engines.hf_peft import HFPeftEngine
+    from simplan.inference.engines.token_trie import token_trie
 
     rows, _ = _load_rows(EvalModelConfig(role="decider", dataset=args.dataset, fold=args.fold, limit=args.rows))
     rows = [r for r in rows if r.get("valid_actions")]
@@ -51,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     requests = [ScoreRequest(candidates=list(r["valid_actions"]), adapter=adapter, messages=r["prompt"]) for r in rows]
     score, lengths = score_rows(engine.tokenizer, requests)
     tails = [[row.ids[row.start :] for row in score if row.request == i] for i in range(len(requests))]
-    trie_nodes = sum(len(_token_trie(t)[0]) for t in tails)
+    trie_nodes = sum(len(token_trie(t)[0]) for t in tails)
     candidate_tokens = sum(len(x) for t in tails for x in t)
 
     engine.score(requests[:1])  # warm-up (first-call allocations)

@@ -27,8 +27,9 @@ def synthetic_dataset(folder: Path, n_tasks: int = 60) -> Path:
     """Decider + simulator examples from the toy env's expert trajectories (history up to 3 steps)."""
     from datasets import Dataset, DatasetDict
 
-    from simplan.data.format import decider_messages, observation_completion, render_action, simulator_messages
+    from simplan.data.format import decider_messages, observation_completion, simulator_messages
     from simplan.data.format import state_from_steps as state_of
+    from simplan.envs.actions import render_action
     from simplan.envs.toy import ToyEnv
 
     env = ToyEnv()
@@ -102,8 +103,12 @@ def _measure(trainer: Any, steps: int, warmup: int) -> dict[str, float]:
 
 
 def run_simplan(args: argparse.Namespace, dataset: Path, out: Path) -> dict[str, float]:
-    from simplan.training import trainer as st
+    from simplan.models.registry import load_tokenizer
+    from simplan.training.completion_trainer import SimplanTrainer
     from simplan.training.config import DataArguments, LoraArguments, ModelArguments, TrainArguments
+    from simplan.training.examples import PaddingCollator, load_splits, tokenize_dataset
+    from simplan.training.lora import load_model_for_training
+    from simplan.training.trainer import training_arguments
 
     margs = ModelArguments(model=args.model, dtype=args.dtype)
     largs = LoraArguments(lora_r=16, lora_alpha=32, lora_dropout=0.05)
@@ -118,15 +123,15 @@ def run_simplan(args: argparse.Namespace, dataset: Path, out: Path) -> dict[str,
         report_to="none",
         resume=False,
     )
-    tok = st.load_tokenizer(args.model)
-    train_raw, _ = st.load_splits(dargs)
-    train_ds, _ = st.tokenize_dataset(train_raw, tok, args.max_length)
-    model, _ = st.load_model_for_training(margs, largs, args.bf16)
-    trainer = st.SimplanTrainer(
+    tok = load_tokenizer(args.model)
+    train_raw, _ = load_splits(dargs)
+    train_ds, _ = tokenize_dataset(train_raw, tok, args.max_length)
+    model, _ = load_model_for_training(margs, largs, args.bf16)
+    trainer = SimplanTrainer(
         model=model,
-        args=st.training_arguments(targs, args.bf16, False),
+        args=training_arguments(targs, args.bf16, False),
         train_dataset=train_ds,
-        data_collator=st.PaddingCollator(tok.pad_token_id),
+        data_collator=PaddingCollator(tok.pad_token_id),
         processing_class=tok,
     )
     return _measure(trainer, args.steps, args.warmup)
@@ -138,8 +143,8 @@ def run_trl(args: argparse.Namespace, dataset: Path, out: Path, padding_free: bo
     from transformers import AutoModelForCausalLM
     from trl import SFTConfig, SFTTrainer
 
-    from simplan.training.models import load_tokenizer, resolve_model
-    from simplan.training.trainer import base_dtype, linear_module_names
+    from simplan.models.registry import load_tokenizer, resolve_model
+    from simplan.training.lora import base_dtype, linear_module_names
 
     data = load_from_disk(str(dataset))["train"]
     # TRL's conversational prompt-completion format: the completion is an assistant message.

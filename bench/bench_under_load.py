@@ -74,9 +74,9 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     threads = free_cores() if args.setting == "passive-free" else args.threads
     import torch
 
-    from simplan.inference.pipeline import resolve_base_model
     from simplan.training.config import LoraArguments, ModelArguments
-    from simplan.training.trainer import load_model_for_training
+    from simplan.training.lora import load_model_for_training
+    from simplan.workflows.pipeline import resolve_base_model
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)

@@ -12,7 +12,7 @@ import argparse
 import json
 from collections import defaultdict
 
-from simplan.inference.paired import mcnemar_exact
+from simplan.evaluation.paired import mcnemar_exact
 
 
 def load(path: str) -> dict[tuple[str, int], dict]:

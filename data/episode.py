@@ -54,10 +54,10 @@ from simplan.data.format import (
     episode_verdict,
     failure_note,
     observation_completion,
-    render_action,
     render_tools,
     text_token_counter,
 )
+from simplan.envs.actions import render_action
 from simplan.envs.base import env_extra
 from simplan.envs.registry import UnknownEnvError, resolve
 
@@ -114,7 +114,7 @@ class PromptSettings:
 
 
 def write_settings(folder: str | Path, settings: PromptSettings) -> Path:
-    from simplan.data.io import write_json
+    from simplan.core.io import write_json
 
     path = Path(folder) / SETTINGS_FILE
     write_json(path, settings.to_dict())

@@ -22,15 +22,14 @@ observation, and drops the oldest history steps first.
 
 from __future__ import annotations
 
-import ast
 import json
-import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from simplan.envs.base import Action, ActionParseError
+from simplan.envs.actions import render_action
+from simplan.envs.base import Action
 
 if TYPE_CHECKING:
     from simplan.data.trajectory import Trajectory
@@ -80,7 +79,6 @@ ERROR_MARK = " [failed]"
 # which the episode's final text alone often does not show (a TWX game lost on one wrong action says nothing).
 VERDICT_MARKER = "[episode over: {verdict}]"
 VERDICTS = ("won", "lost")
-FINISH_TEXT = "finish()"
 
 
 @dataclass
@@ -100,124 +98,6 @@ class PromptState:
     valid_actions: list[str] | None = None
     tools: list[dict[str, Any]] | None = None
     failures: list[str] = field(default_factory=list)  # failure memory, oldest first
-
-
-# ---------------------------------------------------------------------------------------------
-# Actions <-> text
-# ---------------------------------------------------------------------------------------------
-def render_action(action: Action) -> str:
-    """The text a model reads and writes for an action (the decider's completion)."""
-    if action.kind == "tool_call":
-        args = ", ".join(f"{k}={v!r}" for k, v in action.arguments.items())
-        return f"{action.name}({args})"
-    if action.kind == "finish":
-        return FINISH_TEXT
-    return action.text.strip()
-
-
-# Limits on a tool call's text and its argument values. Model text reaches ast.parse, so it is bounded
-# before parsing (ast.parse recurses on nesting) and every value is checked to be plain JSON.
-MAX_CALL_CHARS = 10_000  # the longest BFCL ground-truth call is 6,839 characters
-MAX_LITERAL_DEPTH = 20  # nesting of lists and dicts in one argument (BFCL's deepest: a list of strings)
-MAX_LITERAL_NODES = 5_000  # syntax-tree nodes of the whole call
-MAX_INT = 2**63 - 1  # past this a JSON reader outside Python (int64, double) no longer reads the same number
-
-
-def parse_tool_call(text: str, allowed: Sequence[str] | None = None) -> Action:
-    """Parse `name(arg=literal, ...)` or `finish()` with `ast`; values must be JSON values written as
-    Python literals: str, int (within +-MAX_INT), finite float, True/False/None, lists and dicts with
-    string keys, nested at most MAX_LITERAL_DEPTH deep. A tuple is read as a list (JSON has only arrays,
-    and `Action.key()` already made the two the same action); sets, bytes, complex numbers, `...`,
-    names and expressions are refused.
-
-    Nothing is evaluated: only the syntax tree is read, and only names in `allowed` are accepted.
-    Every refusal is an ActionParseError with the reason, whatever the text (huge, deep, binary).
-    """
-    src = text.strip()
-    if not src:
-        raise ActionParseError("empty tool call")
-    if len(src) > MAX_CALL_CHARS:
-        raise ActionParseError(f"tool call of {len(src)} characters, longer than {MAX_CALL_CHARS}: {_clip(src)}")
-    try:
-        tree = ast.parse(src, mode="eval")
-    except SyntaxError as e:
-        raise ActionParseError(f"not a Python call expression: {_clip(src)} ({e.msg})") from None
-    except (ValueError, RecursionError, MemoryError) as e:  # NUL bytes; nesting too deep for the parser
-        raise ActionParseError(f"not a Python call expression: {_clip(src)} ({type(e).__name__})") from None
-    call = tree.body
-    if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Name):
-        raise ActionParseError(f"expected name(arg=value, ...), got {_clip(src)}")
-    if call.args:
-        raise ActionParseError(f"{call.func.id}: use keyword arguments only")
-    name = call.func.id
-    if name == "finish":
-        if call.keywords:
-            raise ActionParseError("finish() takes no arguments")
-        return Action(kind="finish")
-    if allowed is not None and name not in allowed:
-        raise ActionParseError(f"{name!r} is not one of this task's tools: {', '.join(allowed)}")
-    nodes = sum(1 for _ in ast.walk(call))
-    if nodes > MAX_LITERAL_NODES:
-        raise ActionParseError(f"{name}: arguments of {nodes} syntax nodes, more than {MAX_LITERAL_NODES}")
-    arguments: dict[str, Any] = {}
-    for kw in call.keywords:
-        if kw.arg is None:
-            raise ActionParseError(f"{name}: **kwargs are not allowed")
-        try:
-            arguments[kw.arg] = _json_literal(kw.value, depth=0)
-        except ActionParseError as e:
-            raise ActionParseError(f"{name}: argument {kw.arg!r} is not a literal value: {e}") from None
-    return Action.tool_call(name, arguments)
-
-
-def _json_literal(node: ast.expr, depth: int) -> Any:
-    """The JSON value that `node` spells as a Python literal; ActionParseError saying why it is none."""
-    if depth > MAX_LITERAL_DEPTH:
-        raise ActionParseError(f"nested more than {MAX_LITERAL_DEPTH} deep")
-    if isinstance(node, ast.Constant):
-        return _json_constant(node.value)
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-        value = node.operand.value if isinstance(node.operand, ast.Constant) else None
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ActionParseError("a sign applies to a number only")
-        return _json_constant(-value if isinstance(node.op, ast.USub) else value)
-    if isinstance(node, (ast.List, ast.Tuple)):
-        return [_json_literal(e, depth + 1) for e in node.elts]
-    if isinstance(node, ast.Dict):
-        out = {}
-        for k, v in zip(node.keys, node.values):
-            if not (isinstance(k, ast.Constant) and isinstance(k.value, str)):
-                raise ActionParseError("dict keys must be strings")  # also `**` unpacking (k is None)
-            out[_json_constant(k.value)] = _json_literal(v, depth + 1)
-        return out
-    kind = {ast.Set: "a set", ast.Name: "a name", ast.Call: "a call", ast.JoinedStr: "an f-string"}
-    raise ActionParseError(f"{kind.get(type(node), 'an expression')}; use str, number, bool, None, list or dict")
-
-
-def _json_constant(value: Any) -> Any:
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:  # an escape such as '\udc80' in the text: no tool can receive it as UTF-8
-            raise ActionParseError("a string with a lone surrogate (not valid Unicode)") from None
-        return value
-    if value is None or isinstance(value, bool):
-        return value
-    if isinstance(value, int):
-        if abs(value) > MAX_INT:
-            raise ActionParseError(f"an integer beyond +-{MAX_INT}")
-        return value
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise ActionParseError(f"a float that is not finite ({value})")
-        return value
-    kind = "..." if value is Ellipsis else type(value).__name__  # bytes, complex, Ellipsis
-    raise ActionParseError(f"a {kind} constant; use str, number, bool, None, list or dict")
-
-
-def _clip(src: str, n: int = 80) -> str:
-    """`src` quoted for an error message, cut to about n characters."""
-    return repr(src) if len(src) <= n else f"{src[:n]!r}... ({len(src)} characters)"
 
 
 # ---------------------------------------------------------------------------------------------

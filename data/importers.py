@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from simplan.data.io import iter_jsonl_lines, write_jsonl
+from simplan.core.io import iter_jsonl_lines, write_jsonl
 from simplan.data.trajectory import Step, Trajectory, validate_record
 from simplan.envs.base import FOLDS, Action, Task
 

@@ -26,7 +26,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from simplan.data.io import atomic_open, iter_jsonl_lines
+from simplan.core.io import atomic_open, iter_jsonl_lines
 from simplan.data.trajectory import InvalidRecord, Trajectory
 
 

@@ -167,7 +167,7 @@ class EnvDefaults:
     #: of them when an entry names none.
     families: tuple[str, ...] = ()
     #: Regexes of observations that mean an action failed (the judge and the error pivot); none: the
-    #: planner's defaults (inference/judge.py DEFAULT_ERROR_PATTERNS).
+    #: planner's defaults (inference/planning/judge.py DEFAULT_ERROR_PATTERNS).
     error_patterns: tuple[str, ...] = ()
     #: Regexes of observations that mean progress (the judge); none: DEFAULT_PROGRESS_PATTERNS.
     progress_patterns: tuple[str, ...] = ()
@@ -194,7 +194,7 @@ class EnvDefaults:
     #: `expert_action(observation) -> Action | None`: an expert that reacts to what it sees (retries after a
     #: 503, picks another item after "sold out"), called with the observation of `reset` and of each step;
     #: None when it has nothing more to do. It must not change the env and may be called more than once in a
-    #: state. Collection and `envs check` use it instead of `expert_plan` when it is set (data/collect.py).
+    #: state. Collection and `envs check` use it instead of `expert_plan` when it is set (data/policies.py).
     expert_action: Callable[[Observation], Action | None] | None = None
 
 

@@ -7,29 +7,11 @@
     result = env.step(env.parse_action("finish()"))   # ends the user turn; next obs is the next request
     simplan envs check bfcl                     # the generic adapter check
 
-Tasks. The four multi-turn categories, 200 tasks each, read from the data files bundled in the
-bfcl-eval wheel (no network): multi_turn_base, multi_turn_miss_func, multi_turn_miss_param and
-multi_turn_long_context (`Task.family`). `task_id` is bfcl's id ("multi_turn_miss_func_12").
-
-Folds. A task's fold is decided by its BASE id (the number after the category: "multi_turn_base_12"
-and "multi_turn_miss_func_12" are variants of base task 12), so variants never cross folds:
-the base ids (0-199) are ordered by `sha256(f"bfcl-multi-turn:{base_id}")` and the first 70% go
-to train, the next 15% to dev, the rest to test: 140/30/30 base ids, i.e. 560/120/120 tasks (less
-one unplayable task, below). `fold_of(base_id)` gives the fold. `tasks()` lists tasks ordered by
-(base id, category), so a small `limit` covers all four categories.
-
-Tools. `Observation.tools` holds one JSON schema ({name, description, parameters}) per function
-documented by bfcl for the task's involved classes (bfcl's own function docs; its "dict"/"float"
-types mapped to JSON-schema "object"/"number"), minus the functions the task withholds:
-- miss_func: `missed_function` maps a turn index to functions held out until that turn; as in
-  bfcl's inference loop they become available at that turn, whose user message is bfcl's
-  "I have updated some more functions you can choose from. What about now?";
-- `excluded_function` (18 base tasks and their variants): bfcl ships it but its runner ignores it;
-  the ground truth never uses these functions, so they are withheld for the whole episode.
-Calling a withheld or unknown function is an error observation; nothing is executed. Tasks whose
-ground truth itself calls a function before bfcl makes it available are left out of `tasks()`
-(in bfcl-eval 2026.3.23 only multi_turn_miss_func_49, whose turn 1 uses `tail`, held out until
-turn 3): bfcl hides the doc but still executes the call, which would make withholding toothless.
+Tasks, folds and tools (envs/bfcl_tasks.py). The four multi-turn categories (`Task.family`), 200 tasks
+each, from the data files bundled in the bfcl-eval wheel; a task's fold follows its base id, so the
+variants of one base task never cross folds; `Observation.tools` holds the JSON schemas of the functions
+the task offers at the current turn (miss_func releases withheld ones at later turns). Calling a
+withheld or unknown function is an error observation; nothing is executed.
 
 Episode. Each user turn starts with an observation "User: <message>" (goal = the current request).
 Actions are tool calls (`Action.tool_call(name, args)`), executed against bfcl's own backend
@@ -56,9 +38,10 @@ every replayed call returns what it returned the first time (bfcl's backends are
 handled as a timeout. A finish step's turn check and final verdict share the step's limit; when they
 are stopped, the turn counts as failed (`error_type` "simplan:check_stopped"). Arguments known to hang
 or flood the MathAPI (a precision above `MAX_PRECISION` digits, an integer power above
-`MAX_POWER_BITS` bits) are refused before the call with an error observation (`check_bounds`).
+`MAX_POWER_BITS` bits, envs/bfcl_worker.py) are refused before the call with an error observation
+(`check_bounds`).
 
-Safety. Model text is parsed with `data.format.parse_tool_call` (ast, literal arguments only, only
+Safety. Model text is parsed with `envs.actions.parse_tool_call` (ast, literal arguments only, only
 the task's currently available functions). bfcl executes calls with `eval()`, so the string it
 receives is rebuilt from the structured Action with `repr()` of each literal value and parsed back
 to check that it round-trips to the same call before it is passed on; raw model text never
@@ -78,69 +61,47 @@ checked turns). At the end, `won` / `info["tasksuccess"]` is the verdict of bfcl
 from __future__ import annotations
 
 import ast
-import functools
-import hashlib
-import importlib
 import inspect
-import json
-import math
-import re
 import time
 import uuid
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from simplan.data.format import parse_tool_call
+from simplan.envs.actions import parse_tool_call
 from simplan.envs.base import FOLDS, Action, ActionParseError, EnvCrashed, Observation, StepResult, Task
+from simplan.envs.bfcl_tasks import (
+    CATEGORIES,
+    BFCLEntry,
+    backend_class,
+    category_of,
+    fold_of,
+    function_docs,
+    load_category,
+    missing_package_error,
+    tool_schema,
+    unplayable_reason,
+)
+from simplan.envs.bfcl_worker import (
+    _w_check_turn,
+    _w_execute,
+    _w_final_verdict,
+    _w_open,
+    argument_problem,
+    call_string,
+    is_error_result,
+    render_result,
+)
 from simplan.envs.limits import StepTimeout, WorkerDied, WorkerProcess
 
 try:
-    import bfcl_eval
-    from bfcl_eval.constants.category_mapping import VERSION_PREFIX
-    from bfcl_eval.constants.default_prompts import (
-        DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC,
-    )
-    from bfcl_eval.constants.executable_backend_config import (
-        CLASS_FILE_PATH_MAPPING,
-        MULTI_TURN_FUNC_DOC_FILE_MAPPING,
-    )
-    from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils
-    from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import (
-        multi_turn_checker,
-        response_checker,
-        state_checker,
-    )
-    from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_utils import execute_multi_turn_func_call
+    from bfcl_eval.constants.default_prompts import DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC
 except ImportError as e:  # pragma: no cover - exercised only without the package
-    raise ImportError(
-        f"envs/bfcl.py needs bfcl-eval ({e}); install it without its heavy dependencies: "
-        "`.venv/bin/pip install --no-deps bfcl-eval==2026.3.23 mpmath==1.3.0` (or run `make setup`)"
-    ) from e
+    raise missing_package_error(e) from e
 
-CATEGORIES: tuple[str, ...] = (
-    "multi_turn_base",
-    "multi_turn_miss_func",
-    "multi_turn_miss_param",
-    "multi_turn_long_context",
-)
 MAX_STEPS_PER_TURN = 50  # one call per step; the longest ground-truth turn has 34 calls
 STEP_TIMEOUT = 10.0  # seconds; bfcl's backends are in-memory Python: every expert call takes milliseconds
 # Starting a worker (a fresh interpreter imports bfcl and loads the scenario: ~0.1 s on an idle machine);
 # a replay gets this plus twice the time its calls took the first time.
 SETUP_TIMEOUT = 60.0
-# Argument bounds of the MathAPI (the ground truth uses precision <= 10 and no power): measured,
-# logarithm(precision=300000) takes 76 s, square_root(precision=1000000) returns a 1 MB result, and
-# power(base=3, exponent=1000000000) runs for minutes.
-MAX_PRECISION = 1000  # digits
-MAX_POWER_BITS = 100_000  # bits of an integer power's result (3**63000 has ~100,000)
-FOLD_SHARES: tuple[float, float] = (0.70, 0.85)  # cumulative cut points of the hash order: train | dev | test
-_FOLD_SALT = "bfcl-multi-turn"
-# Read the bundled files directly: importing bfcl_eval.utils would create result/ and score/
-# folders inside site-packages as an import side effect.
-_DATA_DIR = Path(bfcl_eval.__file__).resolve().parent / "data"
-_JSON_TYPES = {"dict": "object", "float": "number", "tuple": "array", "any": None}
-_CLASS_PREAMBLE = re.compile(r"^This tool belongs to .*?Tool description: ", re.S)
 
 USER_TEXT = "User: {message}"
 END_TEXT = "The user has no further requests; the conversation is over."
@@ -153,274 +114,6 @@ CALL_STOPPED_TEXT = (
     "Use smaller arguments or another tool."
 )
 CALL_CRASHED_TEXT = "Error: {call} crashed the tool backend and was undone; it had no effect."
-
-
-# ---------------------------------------------------------------------------------------------
-# Data: bfcl's bundled questions, ground truth and function docs
-# ---------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class BFCLEntry:
-    """One bfcl multi-turn test entry with its ground truth."""
-
-    id: str
-    category: str
-    base_id: int
-    question: list[list[dict[str, str]]]  # per turn, the user messages (empty at miss_func holdout turns)
-    initial_config: dict[str, Any]
-    involved_classes: list[str]
-    missed: dict[int, list[str]]  # turn index -> functions that become available at that turn
-    excluded: list[str]
-    ground_truth: list[list[str]]  # per turn, bfcl call strings
-
-    def bfcl_entry(self) -> dict[str, Any]:
-        """The dict bfcl's checker reads."""
-        return {"id": self.id, "initial_config": self.initial_config, "involved_classes": self.involved_classes}
-
-
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: bfcl data file missing; reinstall bfcl-eval==2026.3.23")
-    with path.open(encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
-def base_id_of(task_id: str) -> int:
-    """'multi_turn_miss_func_12' -> 12."""
-    return int(task_id.rsplit("_", 1)[1])
-
-
-def category_of(task_id: str) -> str:
-    category = task_id.rsplit("_", 1)[0]
-    if category not in CATEGORIES:
-        raise ValueError(f"task id {task_id!r}: category {category!r} is not one of {CATEGORIES}")
-    return category
-
-
-@functools.cache
-def load_category(category: str) -> dict[str, BFCLEntry]:
-    """All entries of a category by id, read once per process from the bfcl-eval wheel."""
-    if category not in CATEGORIES:
-        raise ValueError(f"category {category!r}: expected one of {CATEGORIES}")
-    questions = _read_jsonl(_DATA_DIR / f"{VERSION_PREFIX}_{category}.json")
-    answers = {
-        a["id"]: a["ground_truth"]
-        for a in _read_jsonl(_DATA_DIR / "possible_answer" / f"{VERSION_PREFIX}_{category}.json")
-    }
-    entries = {}
-    for q in questions:
-        if q["id"] not in answers:
-            raise ValueError(f"{category}: no ground truth for {q['id']} in bfcl's possible_answer file")
-        entries[q["id"]] = BFCLEntry(
-            id=q["id"],
-            category=category,
-            base_id=base_id_of(q["id"]),
-            question=q["question"],
-            initial_config=q.get("initial_config", {}),
-            involved_classes=list(q["involved_classes"]),
-            missed={int(k): list(v) for k, v in q.get("missed_function", {}).items()},
-            excluded=list(q.get("excluded_function", [])),
-            ground_truth=answers[q["id"]],
-        )
-    return entries
-
-
-@functools.cache
-def function_docs(class_name: str) -> tuple[dict[str, Any], ...]:
-    """bfcl's function docs for one backend class (name, description, parameters, response)."""
-    if class_name not in MULTI_TURN_FUNC_DOC_FILE_MAPPING:
-        raise ValueError(f"no bfcl function docs for class {class_name!r}")
-    return tuple(_read_jsonl(_DATA_DIR / "multi_turn_func_doc" / MULTI_TURN_FUNC_DOC_FILE_MAPPING[class_name]))
-
-
-def _json_schema(node: Any) -> Any:
-    """bfcl's parameter types -> JSON-schema types (dict -> object, float -> number)."""
-    if isinstance(node, list):
-        return [_json_schema(v) for v in node]
-    if not isinstance(node, dict):
-        return node
-    out = {}
-    for key, value in node.items():
-        if key == "type" and isinstance(value, str):
-            mapped = _JSON_TYPES.get(value, value)
-            if mapped is not None:
-                out[key] = mapped
-        else:
-            out[key] = _json_schema(value)
-    return out
-
-
-def tool_schema(doc: dict[str, Any], compact: bool = False) -> dict[str, Any]:
-    """One tool description; `compact` drops the class preamble bfcl repeats in every description."""
-    description = doc.get("description", "")
-    if compact:
-        description = _CLASS_PREAMBLE.sub("", description)
-    return {"name": doc["name"], "description": description, "parameters": _json_schema(doc["parameters"])}
-
-
-def unplayable_reason(entry: BFCLEntry) -> str | None:
-    """Why the ground truth cannot be replayed under the withholding rules, or None."""
-    released = {name: turn for turn, names in entry.missed.items() for name in names}
-    for turn, calls in enumerate(entry.ground_truth):
-        for call in calls:
-            name = call.split("(", 1)[0].strip()
-            if name in entry.excluded:
-                return f"turn {turn} calls {name!r}, which the task excludes"
-            if released.get(name, -1) > turn:
-                return f"turn {turn} calls {name!r}, which becomes available only at turn {released[name]}"
-    return None
-
-
-@functools.cache
-def fold_table() -> dict[int, str]:
-    """Base id -> fold: base ids in sha256 order, cut 70/15/15 (see the module docstring)."""
-    base_ids = sorted({e.base_id for c in CATEGORIES for e in load_category(c).values()})
-    order = sorted(base_ids, key=lambda i: hashlib.sha256(f"{_FOLD_SALT}:{i}".encode()).hexdigest())
-    cut_train, cut_dev = (round(share * len(order)) for share in FOLD_SHARES)
-    return {i: "train" if rank < cut_train else "dev" if rank < cut_dev else "test" for rank, i in enumerate(order)}
-
-
-def fold_of(base_id: int) -> str:
-    """The fold of a base task id."""
-    table = fold_table()
-    if base_id not in table:
-        raise ValueError(f"base id {base_id}: not a bfcl multi-turn base id (0-{max(table)})")
-    return table[base_id]
-
-
-def _is_error_result(result: str) -> bool:
-    if result.startswith("Error during execution"):
-        return True
-    if result.startswith("{"):
-        try:
-            parsed = json.loads(result)
-        except ValueError:
-            return False
-        return isinstance(parsed, dict) and "error" in parsed
-    return result.startswith("{'error'")  # a dict bfcl could not JSON-encode falls back to str()
-
-
-def render_result(result: str) -> str:
-    """A bfcl execution result as observation text: compact JSON for JSON results, else verbatim."""
-    if result.startswith(("{", "[")):
-        try:
-            return json.dumps(json.loads(result), ensure_ascii=False, separators=(",", ":"))
-        except ValueError:
-            pass
-    return result
-
-
-def _check_summary(result: dict[str, Any]) -> dict[str, Any]:
-    """bfcl checker verdicts without their (possibly huge) state dumps."""
-    return {k: result[k] for k in ("valid", "error_type", "error_message") if k in result}
-
-
-def call_string(action: Action) -> str:
-    """The string handed to bfcl's executor: `name(key=repr(value), ...)` from a structured Action."""
-    return f"{action.name}({', '.join(f'{key}={value!r}' for key, value in action.arguments.items())})"
-
-
-def _drop_instances(model_name: str) -> None:
-    """Delete the backend instances bfcl cached in its module globals for this model name."""
-    prefix = re.sub(r"[-./:]", "_", model_name) + "_"
-    cache = vars(multi_turn_utils)
-    for key in [k for k in list(cache) if k.startswith(prefix)]:
-        cache.pop(key, None)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def argument_problem(action: Action) -> str | None:
-    """Why a call's arguments would hang or flood bfcl's MathAPI (see MAX_PRECISION, MAX_POWER_BITS), or None.
-
-    Comparisons only, never float() of an argument: an integer literal may be too large for a float."""
-    args = action.arguments
-    if action.name in ("logarithm", "square_root"):
-        precision = args.get("precision")
-        if _is_number(precision) and abs(precision) > MAX_PRECISION:
-            return f"{action.name}: precision is above the {MAX_PRECISION} digits allowed"
-    if action.name == "power":
-        base, exponent = args.get("base"), args.get("exponent")
-        exact = all(isinstance(v, int) and not isinstance(v, bool) for v in (base, exponent))
-        if exact and abs(base) > 1 and exponent > MAX_POWER_BITS / math.log2(abs(base)):
-            return f"power: the result would have more than {MAX_POWER_BITS:,} bits; use a smaller exponent"
-    return None
-
-
-@functools.cache
-def _backend_class(class_name: str) -> type:
-    """bfcl's backend class (its methods' signatures name the ground truth's positional arguments)."""
-    return getattr(importlib.import_module(CLASS_FILE_PATH_MAPPING[class_name]), class_name)
-
-
-# ---------------------------------------------------------------------------------------------
-# The worker process's side: one episode's backend instances, in bfcl's module globals
-# ---------------------------------------------------------------------------------------------
-_EPISODE: dict[str, Any] = {}  # set by _w_open in the worker; never used in the env's own process
-
-
-def _bfcl_execute(calls: list[str], model_name: str) -> tuple[list[str], dict[str, Any]]:
-    entry: BFCLEntry = _EPISODE["entry"]
-    return execute_multi_turn_func_call(
-        calls,
-        entry.initial_config,
-        entry.involved_classes,
-        model_name,
-        entry.id,
-        long_context=_EPISODE["long_context"],
-        is_evaL_run=False,
-    )
-
-
-def _w_open(entry: BFCLEntry, long_context: bool, model_name: str, calls: list[str], gt_turns: int) -> list[str]:
-    """Create the episode's instances, replay `calls` and the ground truth of the first `gt_turns` turns;
-    returns the replayed calls' results."""
-    _EPISODE.clear()
-    _EPISODE.update(entry=entry, long_context=long_context, model=model_name, gt=f"{model_name}_groundtruth")
-    results, _ = _bfcl_execute(calls, model_name)
-    if gt_turns:
-        _bfcl_execute([c for turn in entry.ground_truth[:gt_turns] for c in turn], _EPISODE["gt"])
-    return results
-
-
-def _w_execute(call: str) -> str:
-    """One model call against the episode's instances."""
-    results, _ = _bfcl_execute([call], _EPISODE["model"])
-    return results[0]
-
-
-def _w_check_turn(turn: int, all_results: list[str], made_calls: bool) -> dict[str, Any] | None:
-    """Run the turn's ground truth, then bfcl's state and response checkers (None for an unchecked turn)."""
-    ground_truth = _EPISODE["entry"].ground_truth[turn]
-    gt_results, gt_instances = _bfcl_execute(ground_truth, _EPISODE["gt"])
-    if not ground_truth:
-        return None
-    if not made_calls:
-        return {
-            "valid": False,
-            "error_type": "multi_turn:empty_turn_model_response",
-            "error_message": f"Model response list is empty for turn {turn}",
-        }
-    _, instances = _bfcl_execute([], _EPISODE["model"])
-    check = state_checker(instances, gt_instances)
-    if check["valid"]:
-        check = response_checker(all_results, gt_results, turn)
-    return _check_summary(check)
-
-
-def _w_final_verdict(turn_calls: list[list[str]]) -> dict[str, Any]:
-    """bfcl-eval's multi_turn_checker over the whole episode (fresh instances, then dropped)."""
-    entry: BFCLEntry = _EPISODE["entry"]
-    name = f"{_EPISODE['model']}_final"
-    decoded = [[[call] for call in calls] for calls in turn_calls]
-    try:
-        verdict = multi_turn_checker(decoded, entry.ground_truth, entry.bfcl_entry(), entry.category, name)
-    except AssertionError as e:  # bfcl asserts on inconsistent instance sets
-        verdict = {"valid": False, "error_type": "multi_turn:checker_assertion", "error_message": str(e)}
-    finally:
-        _drop_instances(name)
-    return _check_summary(verdict)
 
 
 def _stopped_check(what: str, error: Exception) -> dict[str, Any]:
@@ -619,7 +312,7 @@ class BFCLEnv:
         self._turn_calls[self._turn].append(call)
         self._all_results.append(result)
         info["call"] = call
-        return self._observe(render_result(result), error=_is_error_result(result))
+        return self._observe(render_result(result), error=is_error_result(result))
 
     def _end_turn(self, info: dict[str, Any]) -> Observation:
         assert self._entry is not None
@@ -693,7 +386,7 @@ class BFCLEnv:
     def _method(self, name: str) -> Any:
         assert self._entry is not None
         for class_name in self._entry.involved_classes:
-            method = getattr(_backend_class(class_name), name, None)
+            method = getattr(backend_class(class_name), name, None)
             if callable(method) and not name.startswith("_"):
                 return method
         raise ValueError(f"no backend method {name!r} in {self._entry.involved_classes}")
@@ -715,19 +408,4 @@ class BFCLEnv:
         self._entry = None
 
 
-__all__ = [
-    "CATEGORIES",
-    "BFCLEntry",
-    "BFCLEnv",
-    "argument_problem",
-    "base_id_of",
-    "call_string",
-    "category_of",
-    "fold_of",
-    "fold_table",
-    "function_docs",
-    "load_category",
-    "render_result",
-    "unplayable_reason",
-    "tool_schema",
-]
+__all__ = ["BFCLEnv"]

@@ -5,7 +5,9 @@
     print(report.table()); assert report.ok
     simplan envs check twx --sample 3 --families coin,twc        # the same from the command line
 
-Checks (each a named `CheckResult`, failures carry a message saying what and where):
+Checks (each a named `CheckResult`, failures carry a message saying what and where; each is a `check_*(ctx)`
+function below, run in this order by `check_env`, later ones reading what earlier ones found in the
+`CheckContext`):
 - protocol: the object implements `Env` and has a name;
 - tasks: every fold lists `Task`s of this env and fold, in a stable order; train is not empty;
 - folds disjoint: no task id in two folds;
@@ -31,6 +33,7 @@ Checks (each a named `CheckResult`, failures carry a message saying what and whe
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 import traceback
@@ -215,6 +218,212 @@ def first_expert_action(env: Env, obs: Observation) -> Action:
     return action
 
 
+@dataclass
+class CheckContext:
+    """What the checks of one `check_env` run share: the env, the options, and what earlier checks found."""
+
+    env: Env
+    families: list[str] | None
+    fold_sample: int
+    progress: bool
+    label: str  # the env's name in the report
+    listed: dict[str, list[Task]] = field(default_factory=dict)  # fold -> tasks, filled by `check_tasks`
+    last_won: Task | None = None  # the last train task the expert won, set by `check_expert`
+
+
+def check_protocol(ctx: CheckContext) -> str:
+    env = ctx.env
+    _require(isinstance(env, Env), f"{type(env).__name__} does not implement envs.base.Env")
+    _require(isinstance(getattr(env, "name", None), str) and bool(env.name), "env.name must be a non-empty str")
+    return f"{type(env).__name__} implements Env"
+
+
+def check_tasks(ctx: CheckContext) -> str:
+    env, families, listed = ctx.env, ctx.families, ctx.listed
+    for fold in FOLDS:
+        ts = env.tasks(fold, families=families)
+        _require(isinstance(ts, list), f"tasks({fold!r}) returned {type(ts).__name__}, expected list")
+        for t in ts:
+            _require(isinstance(t, Task), f"tasks({fold!r}) holds a {type(t).__name__}, expected Task")
+            _require(t.env == env.name, f"task {t.task_id}: env={t.env!r}, expected {env.name!r}")
+            _require(t.fold == fold, f"task {t.task_id}: fold={t.fold!r}, listed under {fold!r}")
+        ids = [t.task_id for t in ts]
+        _require(len(set(ids)) == len(ids), f"tasks({fold!r}) lists some task id twice")
+        _require(
+            [t.task_id for t in env.tasks(fold, families=families, limit=5)] == ids[:5],
+            f"tasks({fold!r}, limit=5) is not the first 5 of tasks({fold!r}): the order is not stable",
+        )
+        listed[fold] = ts
+    _require(bool(listed["train"]), f"no train tasks (families={families})")
+    return ", ".join(f"{f}: {len(listed[f])}" for f in FOLDS) + f" tasks, {len(_families(listed['train']))} families"
+
+
+def check_folds_disjoint(ctx: CheckContext) -> str:
+    _require(bool(ctx.listed), "needs the task listing, which failed")
+    seen: dict[str, str] = {}
+    for fold in FOLDS:
+        for t in ctx.listed[fold]:
+            _require(t.task_id not in seen, f"task id {t.task_id} is in both {seen.get(t.task_id)} and {fold}")
+            seen[t.task_id] = fold
+    return f"{len(seen)} task ids, none in two folds"
+
+
+def check_types(ctx: CheckContext) -> str:
+    env = ctx.env
+    _require(bool(ctx.listed.get("train")), "needs train tasks, which failed")
+    task = ctx.listed["train"][0]
+    obs = _check_observation(env.reset(task), f"reset({task.task_id})")
+    plan = env.expert_plan()
+    has_policy = expert_policy(env) is not None
+    _require(isinstance(plan, list), f"expert_plan() returned {type(plan).__name__}, expected a list")
+    _require(bool(plan) or has_policy, f"expert_plan() after reset({task.task_id}) is empty, and no expert_action")
+    _require(all(isinstance(a, Action) for a in plan), "expert_plan() must return a list of Action")
+    first = first_expert_action(env, obs)
+    result = _check_step(env.step(first), f"step({first.key()}) on {task.task_id}")
+    again = _check_observation(env.reset(task), f"second reset({task.task_id})")
+    _require(again.text == obs.text, f"reset({task.task_id}) twice gave different observations")
+    return f"{task.task_id}: Observation, StepResult(score={result.score:.2f}), reset is repeatable"
+
+
+def check_parse_action(ctx: CheckContext) -> str:
+    from simplan.envs.actions import render_action
+
+    env = ctx.env
+    _require(bool(ctx.listed.get("train")), "needs train tasks, which failed")
+    task = ctx.listed["train"][0]
+    first = first_expert_action(env, env.reset(task))
+    rendered = render_action(first)
+    for bad in ("", "   \n ", f"{rendered}\n{rendered}"):
+        try:
+            env.parse_action(bad)
+        except ActionParseError:
+            continue
+        raise _CheckFailed(f"parse_action accepted {bad!r}; it must raise ActionParseError")
+    parsed = env.parse_action(rendered)
+    _require(parsed.key() == first.key(), f"parse_action({rendered!r}) gave {parsed.key()!r}, not {first.key()!r}")
+    return f"rejects empty and multi-line output; {rendered!r} round-trips"
+
+
+def check_invalid_action(ctx: CheckContext) -> str:
+    env = ctx.env
+    _require(bool(ctx.listed.get("train")), "needs train tasks, which failed")
+    task = ctx.listed["train"][0]
+    obs = env.reset(task)
+    action = Action.tool_call(INVALID_TOOL, {}) if obs.tools else Action.command(INVALID_COMMAND)
+    try:
+        result = _check_step(env.step(action), f"step({action.key()})")
+    except (_CheckFailed, EnvCrashed):
+        raise
+    except Exception as e:
+        raise _CheckFailed(f"step({action.key()}) on {task.task_id} raised {type(e).__name__}: {e}") from None
+    _require(result.observation.error, f"step({action.key()}) on {task.task_id}: Observation.error is False")
+    _require(not result.done, f"step({action.key()}) on {task.task_id} ended the episode")
+    return f"{action.key()} -> error observation {result.observation.text[:60]!r}"
+
+
+def check_expert(ctx: CheckContext) -> str:
+    env = ctx.env
+    _require(bool(ctx.listed.get("train")), "needs train tasks, which failed")
+    by_family: dict[str, list[Task]] = {}
+    for t in ctx.listed["train"]:
+        by_family.setdefault(t.family, []).append(t)
+    sample = [t for fam in by_family.values() for t in _spread(fam, ctx.fold_sample)]
+    wins: dict[str, list[int]] = {f: [0, 0] for f in by_family}
+    failures: list[str] = []
+    error_steps: list[str] = []
+    unlisted: list[str] = []
+    bar = tqdm(sample, desc=f"{ctx.label} expert", unit="ep", disable=not ctx.progress, leave=False)
+    has_policy = expert_policy(env) is not None
+    kinds: list[str] = []
+    for task in bar:
+        bar.set_postfix_str(task.task_id)
+        runs: list[tuple[str, StepResult | None, str, int]] = []  # (kind, last result, steps, errors)
+        first = env.reset(task)
+        plan = env.expert_plan()
+        if plan or not has_policy:
+            last, steps, errors = play(env, task, plan, first, unlisted)
+            runs.append(("plan", last, f"{steps}/{len(plan)}", errors))
+        if has_policy:
+            last, actions, errors = play_policy(env, task, env.reset(task), unlisted)
+            runs.append(("policy", last, str(len(actions)), errors))
+        kinds = [kind for kind, *_ in runs]
+        wins[task.family][1] += 1
+        lost = [(kind, last, steps) for kind, last, steps, _ in runs if last is None or not last.won]
+        if not lost:
+            wins[task.family][0] += 1
+            ctx.last_won = task
+        for kind, last, steps in lost:
+            state = "no step" if last is None else f"score {last.score:.2f}, done={last.done}"
+            failures.append(f"{task.task_id} {kind} ({steps} steps, {state})")
+        if any(errors for *_, errors in runs):
+            error_steps.append(f"{task.task_id}: {'+'.join(str(e) for *_, e in runs)}")
+    won = sum(w for w, _ in wins.values())
+    per_family = " ".join(f"{f}={w}/{n}" for f, (w, n) in wins.items()) + f"; expert: {' and '.join(kinds)}"
+    note = f"; expert steps flagged as errors: {', '.join(error_steps[:5])}" if error_steps else ""
+    _require(not failures, f"expert failed on {len(failures)}/{len(sample)}: {', '.join(failures[:5])}{note}")
+    _require(
+        not unlisted,
+        f"{len(unlisted)} expert actions are missing from valid-action lists marked complete "
+        f"({', '.join(unlisted[:3])}): fix the list, or set Observation.valid_actions_complete=False "
+        "(the planner then stops ruling out unlisted actions)",
+    )
+    return f"{won}/{len(sample)} won ({per_family}){note}"
+
+
+def check_after_done(ctx: CheckContext) -> str:
+    env = ctx.env
+    _require(ctx.last_won is not None, "needs an episode the expert won, which the expert check did not produce")
+    task = ctx.last_won
+    first = env.reset(task)
+    if expert_policy(env) is not None:
+        last, plan, _ = play_policy(env, task, first)
+    else:
+        plan = env.expert_plan()
+        last, _, _ = play(env, task, plan)
+    _require(last is not None and last.done, f"{task.task_id}: the expert episode did not end")
+    action = plan[-1]
+    try:
+        result = env.step(action)
+    except EnvCrashed:
+        raise
+    except RuntimeError as e:
+        return f"raises RuntimeError: {e}"
+    result = _check_step(result, f"step after done on {task.task_id}")
+    _require(result.done, f"step after done on {task.task_id} returned done=False")
+    return f"returns done=True ({result.observation.text[:50]!r})"
+
+
+def check_extras(ctx: CheckContext) -> str:
+    env = ctx.env
+    description, families = env_extra(env, "description"), env_extra(env, "families")
+    _require(isinstance(description, str), f"description is {type(description).__name__}, expected str")
+    _require(
+        isinstance(families, list | tuple) and all(isinstance(f, str) for f in families),
+        f"families must be a list or tuple of str, got {families!r}",
+    )
+    if families:
+        unlisted = sorted({t.family for ts in ctx.listed.values() for t in ts} - set(families))
+        _require(not unlisted, f"tasks have families {unlisted} that `families` does not list")
+    for name in ("accepts", "expert_action"):
+        hook = env_extra(env, name)
+        _require(hook is None or callable(hook), f"{name} must be None or a method, got {hook!r}")
+    for name in PATTERN_EXTRAS:
+        patterns = env_extra(env, name)
+        _require(isinstance(patterns, list | tuple), f"{name} must be a list or tuple of regexes")
+        for p in patterns:
+            try:
+                re.compile(p)
+            except (re.error, TypeError) as e:
+                raise _CheckFailed(f"{name}: {p!r} is not a regular expression ({e})") from None
+    timeout = env_extra(env, "step_timeout")
+    _require(
+        timeout is None or (isinstance(timeout, int | float) and timeout >= 0),
+        f"step_timeout must be None or seconds >= 0, got {timeout!r}",
+    )
+    set_here = [n for n in EXTRAS if env_extra(env, n) != getattr(EnvDefaults, n)]
+    return f"set: {', '.join(set_here) or 'none (defaults)'}"
+
+
 def check_env(
     env: Env,
     fold_sample: int = 3,
@@ -225,196 +434,18 @@ def check_env(
     if fold_sample < 1:
         raise ValueError(f"fold_sample: must be >= 1, got {fold_sample}")
     report = CheckReport(env=getattr(env, "name", type(env).__name__))
-    listed: dict[str, list[Task]] = {}
-
-    def protocol() -> str:
-        _require(isinstance(env, Env), f"{type(env).__name__} does not implement envs.base.Env")
-        _require(isinstance(getattr(env, "name", None), str) and bool(env.name), "env.name must be a non-empty str")
-        return f"{type(env).__name__} implements Env"
-
-    def tasks() -> str:
-        for fold in FOLDS:
-            ts = env.tasks(fold, families=families)
-            _require(isinstance(ts, list), f"tasks({fold!r}) returned {type(ts).__name__}, expected list")
-            for t in ts:
-                _require(isinstance(t, Task), f"tasks({fold!r}) holds a {type(t).__name__}, expected Task")
-                _require(t.env == env.name, f"task {t.task_id}: env={t.env!r}, expected {env.name!r}")
-                _require(t.fold == fold, f"task {t.task_id}: fold={t.fold!r}, listed under {fold!r}")
-            ids = [t.task_id for t in ts]
-            _require(len(set(ids)) == len(ids), f"tasks({fold!r}) lists some task id twice")
-            _require(
-                [t.task_id for t in env.tasks(fold, families=families, limit=5)] == ids[:5],
-                f"tasks({fold!r}, limit=5) is not the first 5 of tasks({fold!r}): the order is not stable",
-            )
-            listed[fold] = ts
-        _require(bool(listed["train"]), f"no train tasks (families={families})")
-        return (
-            ", ".join(f"{f}: {len(listed[f])}" for f in FOLDS) + f" tasks, {len(_families(listed['train']))} families"
-        )
-
-    def disjoint() -> str:
-        _require(bool(listed), "needs the task listing, which failed")
-        seen: dict[str, str] = {}
-        for fold in FOLDS:
-            for t in listed[fold]:
-                _require(t.task_id not in seen, f"task id {t.task_id} is in both {seen.get(t.task_id)} and {fold}")
-                seen[t.task_id] = fold
-        return f"{len(seen)} task ids, none in two folds"
-
-    def types() -> str:
-        _require(bool(listed.get("train")), "needs train tasks, which failed")
-        task = listed["train"][0]
-        obs = _check_observation(env.reset(task), f"reset({task.task_id})")
-        plan = env.expert_plan()
-        has_policy = expert_policy(env) is not None
-        _require(isinstance(plan, list), f"expert_plan() returned {type(plan).__name__}, expected a list")
-        _require(bool(plan) or has_policy, f"expert_plan() after reset({task.task_id}) is empty, and no expert_action")
-        _require(all(isinstance(a, Action) for a in plan), "expert_plan() must return a list of Action")
-        first = first_expert_action(env, obs)
-        result = _check_step(env.step(first), f"step({first.key()}) on {task.task_id}")
-        again = _check_observation(env.reset(task), f"second reset({task.task_id})")
-        _require(again.text == obs.text, f"reset({task.task_id}) twice gave different observations")
-        return f"{task.task_id}: Observation, StepResult(score={result.score:.2f}), reset is repeatable"
-
-    def parse() -> str:
-        from simplan.data.format import render_action
-
-        _require(bool(listed.get("train")), "needs train tasks, which failed")
-        task = listed["train"][0]
-        first = first_expert_action(env, env.reset(task))
-        rendered = render_action(first)
-        for bad in ("", "   \n ", f"{rendered}\n{rendered}"):
-            try:
-                env.parse_action(bad)
-            except ActionParseError:
-                continue
-            raise _CheckFailed(f"parse_action accepted {bad!r}; it must raise ActionParseError")
-        parsed = env.parse_action(rendered)
-        _require(parsed.key() == first.key(), f"parse_action({rendered!r}) gave {parsed.key()!r}, not {first.key()!r}")
-        return f"rejects empty and multi-line output; {rendered!r} round-trips"
-
-    def invalid() -> str:
-        _require(bool(listed.get("train")), "needs train tasks, which failed")
-        task = listed["train"][0]
-        obs = env.reset(task)
-        action = Action.tool_call(INVALID_TOOL, {}) if obs.tools else Action.command(INVALID_COMMAND)
-        try:
-            result = _check_step(env.step(action), f"step({action.key()})")
-        except (_CheckFailed, EnvCrashed):
-            raise
-        except Exception as e:
-            raise _CheckFailed(f"step({action.key()}) on {task.task_id} raised {type(e).__name__}: {e}") from None
-        _require(result.observation.error, f"step({action.key()}) on {task.task_id}: Observation.error is False")
-        _require(not result.done, f"step({action.key()}) on {task.task_id} ended the episode")
-        return f"{action.key()} -> error observation {result.observation.text[:60]!r}"
-
-    last_won: list[Task] = []
-
-    def expert() -> str:
-        _require(bool(listed.get("train")), "needs train tasks, which failed")
-        by_family: dict[str, list[Task]] = {}
-        for t in listed["train"]:
-            by_family.setdefault(t.family, []).append(t)
-        sample = [t for fam in by_family.values() for t in _spread(fam, fold_sample)]
-        wins: dict[str, list[int]] = {f: [0, 0] for f in by_family}
-        failures: list[str] = []
-        error_steps: list[str] = []
-        unlisted: list[str] = []
-        bar = tqdm(sample, desc=f"{report.env} expert", unit="ep", disable=not progress, leave=False)
-        has_policy = expert_policy(env) is not None
-        kinds: list[str] = []
-        for task in bar:
-            bar.set_postfix_str(task.task_id)
-            runs: list[tuple[str, StepResult | None, str, int]] = []  # (kind, last result, steps, errors)
-            first = env.reset(task)
-            plan = env.expert_plan()
-            if plan or not has_policy:
-                last, steps, errors = play(env, task, plan, first, unlisted)
-                runs.append(("plan", last, f"{steps}/{len(plan)}", errors))
-            if has_policy:
-                last, actions, errors = play_policy(env, task, env.reset(task), unlisted)
-                runs.append(("policy", last, str(len(actions)), errors))
-            kinds = [kind for kind, *_ in runs]
-            wins[task.family][1] += 1
-            lost = [(kind, last, steps) for kind, last, steps, _ in runs if last is None or not last.won]
-            if not lost:
-                wins[task.family][0] += 1
-                last_won[:] = [task]
-            for kind, last, steps in lost:
-                state = "no step" if last is None else f"score {last.score:.2f}, done={last.done}"
-                failures.append(f"{task.task_id} {kind} ({steps} steps, {state})")
-            if any(errors for *_, errors in runs):
-                error_steps.append(f"{task.task_id}: {'+'.join(str(e) for *_, e in runs)}")
-        won = sum(w for w, _ in wins.values())
-        per_family = " ".join(f"{f}={w}/{n}" for f, (w, n) in wins.items()) + f"; expert: {' and '.join(kinds)}"
-        note = f"; expert steps flagged as errors: {', '.join(error_steps[:5])}" if error_steps else ""
-        _require(not failures, f"expert failed on {len(failures)}/{len(sample)}: {', '.join(failures[:5])}{note}")
-        _require(
-            not unlisted,
-            f"{len(unlisted)} expert actions are missing from valid-action lists marked complete "
-            f"({', '.join(unlisted[:3])}): fix the list, or set Observation.valid_actions_complete=False "
-            "(the planner then stops ruling out unlisted actions)",
-        )
-        return f"{won}/{len(sample)} won ({per_family}){note}"
-
-    def after_done() -> str:
-        _require(bool(last_won), "needs an episode the expert won, which the expert check did not produce")
-        task = last_won[0]
-        first = env.reset(task)
-        if expert_policy(env) is not None:
-            last, plan, _ = play_policy(env, task, first)
-        else:
-            plan = env.expert_plan()
-            last, _, _ = play(env, task, plan)
-        _require(last is not None and last.done, f"{task.task_id}: the expert episode did not end")
-        action = plan[-1]
-        try:
-            result = env.step(action)
-        except EnvCrashed:
-            raise
-        except RuntimeError as e:
-            return f"raises RuntimeError: {e}"
-        result = _check_step(result, f"step after done on {task.task_id}")
-        _require(result.done, f"step after done on {task.task_id} returned done=False")
-        return f"returns done=True ({result.observation.text[:50]!r})"
-
-    _run(report, "protocol", protocol)
-    _run(report, "tasks", tasks)
-    _run(report, "folds disjoint", disjoint)
-    _run(report, "reset/step types", types)
-    _run(report, "parse_action", parse)
-    _run(report, "invalid action", invalid)
-    _run(report, f"expert success (train, {fold_sample}/family)", expert)
-
-    def extras() -> str:
-        description, families = env_extra(env, "description"), env_extra(env, "families")
-        _require(isinstance(description, str), f"description is {type(description).__name__}, expected str")
-        _require(
-            isinstance(families, list | tuple) and all(isinstance(f, str) for f in families),
-            f"families must be a list or tuple of str, got {families!r}",
-        )
-        if families:
-            unlisted = sorted({t.family for ts in listed.values() for t in ts} - set(families))
-            _require(not unlisted, f"tasks have families {unlisted} that `families` does not list")
-        for name in ("accepts", "expert_action"):
-            hook = env_extra(env, name)
-            _require(hook is None or callable(hook), f"{name} must be None or a method, got {hook!r}")
-        for name in PATTERN_EXTRAS:
-            patterns = env_extra(env, name)
-            _require(isinstance(patterns, list | tuple), f"{name} must be a list or tuple of regexes")
-            for p in patterns:
-                try:
-                    re.compile(p)
-                except (re.error, TypeError) as e:
-                    raise _CheckFailed(f"{name}: {p!r} is not a regular expression ({e})") from None
-        timeout = env_extra(env, "step_timeout")
-        _require(
-            timeout is None or (isinstance(timeout, int | float) and timeout >= 0),
-            f"step_timeout must be None or seconds >= 0, got {timeout!r}",
-        )
-        set_here = [n for n in EXTRAS if env_extra(env, n) != getattr(EnvDefaults, n)]
-        return f"set: {', '.join(set_here) or 'none (defaults)'}"
-
-    _run(report, "step after done", after_done)
-    _run(report, "optional attributes", extras)
+    ctx = CheckContext(env, families, fold_sample, progress, label=report.env)
+    checks: list[tuple[str, Callable[[CheckContext], str]]] = [
+        ("protocol", check_protocol),
+        ("tasks", check_tasks),
+        ("folds disjoint", check_folds_disjoint),
+        ("reset/step types", check_types),
+        ("parse_action", check_parse_action),
+        ("invalid action", check_invalid_action),
+        (f"expert success (train, {fold_sample}/family)", check_expert),
+        ("step after done", check_after_done),
+        ("optional attributes", check_extras),
+    ]
+    for name, check in checks:
+        _run(report, name, functools.partial(check, ctx))
     return report

@@ -1,6 +1,6 @@
 """Fault injection: an `Env` wrapper that makes real steps fail, to measure how agents recover.
 
-    from simplan.inference.faults import FaultConfig, FaultyEnv
+    from simplan.evaluation.faults import FaultConfig, FaultyEnv
     env = FaultyEnv(make_env("twx"), FaultConfig(transient=0.1, perturb=0.05, seed=0))
     env.begin_episode("twx-dev/twx/coin-dev-0/0")      # optional: the fault schedule's identity
     obs = env.reset(task)

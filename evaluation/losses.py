@@ -1,6 +1,6 @@
 """Why an episode was lost, read from its trace events alone: one class per lost episode.
 
-    from simplan.inference.losses import classify_loss
+    from simplan.evaluation.losses import classify_loss
     for trace in read_traces("runs/eval/twx-dev/traces.jsonl"):
         loss = classify_loss(trace)          # None when the episode was won
         if loss:
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from simplan.inference.trace import ActEvent, EpisodeTrace, ParseFailureEvent, PivotEvent, redundant_steps
+from simplan.inference.planning.trace import ActEvent, EpisodeTrace, ParseFailureEvent, PivotEvent, redundant_steps
 
 LOSS_CLASSES = ("irreversible", "loop", "step_cap", "parse_failures", "env_error", "budget", "other")
 LOSS_LABELS = {

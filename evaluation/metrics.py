@@ -1,6 +1,6 @@
 """Aggregate metrics per arm and per (arm, family), computed only from episode traces.
 
-    from simplan.inference.metrics import load_run, aggregate
+    from simplan.evaluation.metrics import load_run, aggregate
     episodes = load_run("runs/eval/twx-dev")              # EpisodeSummary per finished episode
     for m in aggregate(episodes):                            # one GroupMetrics per arm
         print(m.arm, m.success_rate, m.ci_low, m.ci_high)
@@ -21,7 +21,7 @@ deduplicated by id (the first finished trace wins). Definitions:
     tokens_per_success  all tokens / successes (None without a success)
     wall_per_episode    mean episode wall seconds; planning_share = sum planning s / sum wall s
     wall_per_success    all wall seconds / successes (None without a success)
-    losses              lost episodes per loss class (inference/losses.py), classes with none left out
+    losses              lost episodes per loss class (evaluation/losses.py), classes with none left out
     sim_accuracy        sum exact predictions / sum predictions, over real steps that had one
     simulated/reactive_decisions, routed_reactive, simulated/reactive_tokens  sums of the episodes'
                         (trace.EpisodeSummary): decisions with and without simulation, and their tokens
@@ -44,7 +44,7 @@ Transient failures and finishes (`RetryAccount`, from the act events; issue 20's
     got_through         of those, the ones whose call went through later in the episode: a later act with the
                         same action key that is not itself transient (a success or a real answer such as out of
                         stock); got_through_share = got_through / transient_failures (None without any)
-    finish_calls        finish actions the env took (inference/judge.py is_finish; a finish that failed
+    finish_calls        finish actions the env took (inference/planning/judge.py is_finish; a finish that failed
                         transiently never reached the env and is left out)
     premature_finishes  of those, finishes while the goal was not met (won false); premature_finish_episodes:
                         episodes with at least one
@@ -87,9 +87,16 @@ from pathlib import Path
 from typing import Any
 
 from simplan.data.episode import env_transient_patterns
-from simplan.inference.judge import is_finish
-from simplan.inference.losses import LOSS_CLASSES, Loss, classify_loss
-from simplan.inference.trace import ActEvent, EpisodeSummary, EpisodeTrace, ImagineEvent, read_traces, summarize
+from simplan.evaluation.losses import LOSS_CLASSES, Loss, classify_loss
+from simplan.inference.planning.judge import is_finish
+from simplan.inference.planning.trace import (
+    ActEvent,
+    EpisodeSummary,
+    EpisodeTrace,
+    ImagineEvent,
+    read_traces,
+    summarize,
+)
 
 Z95 = 1.959963984540054
 

@@ -6,10 +6,11 @@
 Batched greedy generation with transformers (+ peft); with an adapter the base model is evaluated
 too (`--compare_base`, on by default), side by side, from the same loaded weights.
 
-Decider metrics: `exact` (the next action, whitespace-normalised, equals the dataset's),
+Decider metrics: `exact` (the next action equals the dataset's, white space collapsed, case kept),
 `parse` (one non-empty line that ended with EOS), `stopped` (EOS within max_new_tokens) and
 `valid` (case-insensitively one of the row's `valid_actions`; needs that column, else n/a).
-Simulator metrics: `exact`, `token_f1` (bag-of-words F1, lower-cased) and precision/recall of
+Simulator metrics: `exact` and `token_f1` (core/text.py: the definitions traces and pivots use online, so
+offline and online accuracy are one number) and precision/recall of
 predicting an error observation: rows carry an `error` flag for their target, and a prediction
 counts as an error when it equals (normalised) one of the error observations seen in the dataset.
 On a dataset built with verdicts (prompt_settings.json `verdicts`: a reply to a step that ended the
@@ -31,7 +32,7 @@ and `exact` measures the decider's first proposal in an episode. The default `fr
 text, which shows whether the model writes valid actions on its own. vLLM's `choice` decodes token
 by token under a grammar, which can differ when two valid actions share a prefix.
 
-Simulator accuracy per action verb (inference/sim_accuracy.py: a command's first word, a tool call's
+Simulator accuracy per action verb (inference/planning/sim_accuracy.py: a command's first word, a tool call's
 name; the action is read from the row's prompt) goes to metrics.json (`by_verb`, per variant) and, for
 the adapter (else the base model), to out/simulator_accuracy.json (verb -> {n, exact, accuracy});
 `--write_adapter_accuracy true` also writes it into the adapter's folder, where the planner's
@@ -50,16 +51,16 @@ from __future__ import annotations
 
 import json
 import time
-from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from simplan.data.build import step_rows
+from simplan.core.io import iter_jsonl, write_json, write_jsonl, write_text
+from simplan.core.text import collapse, exact, normalize, token_f1
+from simplan.data.build_rows import step_rows
 from simplan.data.episode import read_settings
 from simplan.data.format import prompt_text, split_verdict
-from simplan.data.io import iter_jsonl, write_json, write_jsonl, write_text
-from simplan.inference.sim_accuracy import ACCURACY_FILE, SimulatorAccuracy, simulator_prompt_action
+from simplan.inference.planning.sim_accuracy import ACCURACY_FILE, SimulatorAccuracy, simulator_prompt_action
 
 if TYPE_CHECKING:
     from simplan.data.trajectory import Trajectory
@@ -161,19 +162,11 @@ class EvalModelConfig:
 # ---------------------------------------------------------------------------------------------
 # Metrics (pure functions)
 # ---------------------------------------------------------------------------------------------
-def normalize(text: str) -> str:
-    return " ".join(text.split())
-
-
-def token_f1(prediction: str, reference: str) -> float:
-    pred, ref = normalize(prediction).lower().split(), normalize(reference).lower().split()
-    if not pred and not ref:
-        return 1.0
-    common = sum((Counter(pred) & Counter(ref)).values())
-    if common == 0:
-        return 0.0
-    precision, recall = common / len(pred), common / len(ref)
-    return 2 * precision * recall / (precision + recall)
+def matches(role: str, prediction: str, gold: str) -> bool:
+    """Whether a prediction is exact: a decider's action text equals the gold one with white space collapsed (case
+    kept: tool-call arguments are case-sensitive), a simulator's observation is the gold one as core.text.exact
+    says (lower-cased too), the rule the traces' simulator accuracy uses online."""
+    return exact(prediction, gold) if role == "simulator" else collapse(prediction) == collapse(gold)
 
 
 def decider_metrics(
@@ -185,14 +178,14 @@ def decider_metrics(
     """`stopped`: None when unknown (outputs read back from an older predictions file: no parse/stopped);
     `verdicts` (with --replay): per row, None for an exact match, else a `simplan.data.replay` verdict."""
     n = max(len(rows), 1)
-    exact = sum(normalize(p) == normalize(r["completion"]) for p, r in zip(preds, rows))
-    out: dict[str, Any] = {"n": len(rows), "exact": exact / n, "parse": None, "stopped": None}
+    hits = sum(matches("decider", p, r["completion"]) for p, r in zip(preds, rows))
+    out: dict[str, Any] = {"n": len(rows), "exact": hits / n, "parse": None, "stopped": None}
     if stopped is not None:
         out["parse"] = sum(bool(p.strip()) and "\n" not in p.strip() and s for p, s in zip(preds, stopped)) / n
         out["stopped"] = sum(stopped) / n
     with_valid = [(p, r["valid_actions"]) for p, r in zip(preds, rows) if r.get("valid_actions")]
     if with_valid:
-        ok = sum(normalize(p).lower() in {normalize(v).lower() for v in va} for p, va in with_valid)
+        ok = sum(normalize(p) in {normalize(v) for v in va} for p, va in with_valid)
         out["valid"] = ok / len(with_valid)
     else:
         out["valid"] = None  # the dataset has no valid_actions column
@@ -212,17 +205,17 @@ def simulator_metrics(
 ) -> dict[str, Any]:
     """`verdicts`: the dataset was built with verdict lines (its PromptSettings.verdicts); adds `verdict_metrics`."""
     n = max(len(rows), 1)
-    exact = sum(normalize(p) == normalize(r["completion"]) for p, r in zip(preds, rows))
+    hits = sum(matches("simulator", p, r["completion"]) for p, r in zip(preds, rows))
     f1 = sum(token_f1(p, r["completion"]) for p, r in zip(preds, rows))
     out: dict[str, Any] = {
         "n": len(rows),
-        "exact": exact / n,
+        "exact": hits / n,
         "token_f1": f1 / n,
         "stopped": None if stopped is None else sum(stopped) / n,
     }
     if rows and "error" in rows[0]:
         gold = [bool(r["error"]) for r in rows]
-        guess = [normalize(p).lower() in error_texts for p in preds]
+        guess = [normalize(p) in error_texts for p in preds]
         tp = sum(g and h for g, h in zip(gold, guess))
         out["error_precision"] = tp / sum(guess) if sum(guess) else None
         out["error_recall"] = tp / sum(gold) if sum(gold) else None
@@ -251,7 +244,7 @@ def verdict_metrics(preds: list[str], rows: list[dict[str, Any]]) -> dict[str, A
 def simulator_verb_accuracy(preds: list[str], rows: list[dict[str, Any]]) -> SimulatorAccuracy:
     """Exact predictions per verb of the action each row's prompt asks about (exact as in `simulator_metrics`)."""
     return SimulatorAccuracy.from_pairs(
-        (simulator_prompt_action(r["prompt"]), normalize(p) == normalize(r["completion"])) for p, r in zip(preds, rows)
+        (simulator_prompt_action(r["prompt"]), matches("simulator", p, r["completion"])) for p, r in zip(preds, rows)
     )
 
 
@@ -329,12 +322,12 @@ def _load_rows(cfg: EvalModelConfig) -> tuple[list[dict[str, Any]], set[str]]:
     error_texts: set[str] = set()
     if "error" in data[cfg.fold].column_names or "errors" in data[cfg.fold].column_names:
         for name in data:
-            error_texts |= {normalize(r["completion"]).lower() for r in _step_view(data[name]) if r["error"]}
+            error_texts |= {normalize(r["completion"]) for r in _step_view(data[name]) if r["error"]}
     return rows, error_texts
 
 
 def _step_view(split: Any) -> list[dict[str, Any]]:
-    """Rows of one fold, a conversation dataset's as one row per trained turn (data/build.step_rows)."""
+    """Rows of one fold, a conversation dataset's as one row per trained turn (data/build_rows.step_rows)."""
     if "weights" not in split.column_names:
         return split.to_list()
     return [r for row in split.to_list() for r in step_rows(row)]
@@ -419,7 +412,7 @@ def dataset_verdicts(cfg: EvalModelConfig) -> bool:
 
 def _trajectory_files(cfg: EvalModelConfig) -> list[Path]:
     """--trajectories, else the dataset's build inputs; both as `simplan build` reads them (files, folders, globs)."""
-    from simplan.data.build import expand_inputs
+    from simplan.data.build_inputs import expand_inputs
 
     if cfg.trajectories:
         inputs = [f.strip() for f in cfg.trajectories.split(",") if f.strip()]
@@ -443,7 +436,7 @@ def _trajectory_files(cfg: EvalModelConfig) -> list[Path]:
 def load_replay_trajectories(cfg: EvalModelConfig, rows: list[dict[str, Any]]) -> dict[str, Trajectory]:
     """The recorded trajectories of the fold's rows, by id: read once, before any generation, so a
     missing file or a dataset without trajectory columns fails before minutes of work."""
-    from simplan.data.build import load_trajectories
+    from simplan.data.build_inputs import load_trajectories
 
     if any("trajectory_id" not in r or "step" not in r for r in rows):
         raise ValueError("replay: the dataset has no trajectory_id/step columns; rebuild it with `simplan build`")
@@ -459,7 +452,7 @@ def replay_verdicts(
 
     from simplan.data.replay import Replayer
 
-    misses = [i for i, (p, r) in enumerate(zip(preds, rows)) if normalize(p) != normalize(r["completion"])]
+    misses = [i for i, (p, r) in enumerate(zip(preds, rows)) if not matches("decider", p, r["completion"])]
     verdicts: list[str | None] = [None] * len(rows)
     if not misses:
         return verdicts
@@ -470,7 +463,7 @@ def replay_verdicts(
                 verdicts[i] = "unknown"
                 continue
             recorded = traj.steps[step].action.text if step < len(traj.steps) else None
-            if recorded is None or normalize(recorded) != normalize(rows[i]["completion"]):
+            if recorded is None or collapse(recorded) != collapse(rows[i]["completion"]):
                 raise ValueError(
                     f"replay: trajectory {traj.id} step {step} is {recorded!r} in the collection files but "
                     f"{rows[i]['completion']!r} in the dataset: these are not the files it was built from; "
@@ -488,8 +481,8 @@ def _generate_variants(cfg: EvalModelConfig, rows: list[dict[str, Any]]) -> tupl
     import torch
     from transformers import AutoModelForCausalLM
 
-    from simplan.training.models import load_tokenizer, pick_device, resolve_model
-    from simplan.training.trainer import bf16_supported
+    from simplan.models.registry import load_tokenizer, pick_device, resolve_model
+    from simplan.training.lora import bf16_supported
 
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)
@@ -533,7 +526,7 @@ def _choose_variants(
     """`--decode choices`: each variant's most likely valid action per row, through the planner's hf engine."""
     from tqdm.auto import tqdm
 
-    from simplan.inference.engine import GenerationRequest, checked_generation
+    from simplan.inference.engines.base import GenerationRequest, checked_generation
     from simplan.inference.engines.hf_peft import HFPeftEngine
 
     engine = HFPeftEngine(
@@ -555,7 +548,7 @@ def _choose_variants(
                 choices=list(r.get("valid_actions") or []) or None,  # none listed: free text, as the planner
                 max_tokens=max_new,
             )
-            # Checked and sanitized at the same engine boundary as the planner's (inference/engine.py).
+            # Checked and sanitized at the same engine boundary as the planner's (inference/engines/base.py).
             (result,) = checked_generation(engine, [request], engine.generate([request]))
             preds.append(result.completions[0].text)
             stopped.append(result.completions[0].finish_reason == "stop")
@@ -576,7 +569,7 @@ def _read_predictions(cfg: EvalModelConfig, rows: list[dict[str, Any]]) -> tuple
             "use the run's --dataset, --fold and --limit"
         )
     for i, (record, row) in enumerate(zip(records, rows)):
-        if normalize(str(record.get("gold", ""))) != normalize(row["completion"]):
+        if collapse(str(record.get("gold", ""))) != collapse(row["completion"]):
             raise ValueError(
                 f"predictions: {path}:{i + 1} has gold {record.get('gold')!r} where the fold has "
                 f"{row['completion']!r}; use the run's --dataset, --fold and --limit"
@@ -623,10 +616,7 @@ def evaluate(cfg: EvalModelConfig) -> dict[str, Any]:
                 "step": r.get("step"),
                 "gold": r["completion"],
                 **{v: preds[i] for v, (preds, _, _) in outputs.items()},
-                **{
-                    f"{v}_exact": normalize(preds[i]) == normalize(r["completion"])
-                    for v, (preds, _, _) in outputs.items()
-                },
+                **{f"{v}_exact": matches(cfg.role, preds[i], r["completion"]) for v, (preds, _, _) in outputs.items()},
                 **{f"{v}_stopped": stopped[i] for v, (_, stopped, _) in outputs.items() if stopped is not None},
                 **{f"{v}_replay": vs[i] for v, vs in verdicts.items() if vs is not None},
             }

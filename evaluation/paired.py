@@ -1,14 +1,14 @@
 """Paired comparison of two arms that ran the same tasks: exact McNemar test and a paired bootstrap interval.
 
-    from simplan.inference.metrics import load_run
-    from simplan.inference.paired import compare_arms, compare_all
+    from simplan.evaluation.metrics import load_run
+    from simplan.evaluation.paired import compare_arms, compare_all
     records = load_run("runs/eval/twx-dev")
     c = compare_arms(records, "reactive", "simplan")
     print(c.difference, c.ci_low, c.ci_high, c.p_value)       # simplan minus reactive, in success rate
     for c in compare_all(records): ...                        # every pair of arms present, in arm order
     for c in compare_runs(load_run("runs/eval/old"), load_run("runs/eval/new")): ...  # each arm, run vs run
 
-Why paired: every arm of an evaluation runs the same tasks (inference/evaluate.py `plan_episodes`),
+Why paired: every arm of an evaluation runs the same tasks (evaluation/runner.py `plan_episodes`),
 and tasks differ far more in difficulty than arms do. Unpaired Wilson intervals of 8 tasks per arm
 overlap whatever the arms do; comparing the arms task by task removes the task-to-task spread.
 
@@ -32,8 +32,8 @@ from dataclasses import asdict, dataclass
 from itertools import combinations
 from typing import Any
 
-from simplan.inference.metrics import ARM_ORDER, EpisodeRecord
-from simplan.inference.trace import EpisodeSummary
+from simplan.evaluation.metrics import ARM_ORDER, EpisodeRecord
+from simplan.inference.planning.trace import EpisodeSummary
 
 DEFAULT_RESAMPLES = 10_000
 DEFAULT_SEED = 0

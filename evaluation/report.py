@@ -1,17 +1,17 @@
 """Markdown + self-contained HTML reports of evaluation runs, side by side, every number from the traces.
 
     simplan report runs/eval/twx-dev runs/eval/twx-dev-faults --out runs/report
-    from simplan.inference.report import write_report
+    from simplan.evaluation.report import write_report
     paths = write_report(["runs/eval/twx-dev"], "runs/report")    # {"md": ..., "html": ..., "plots": [...]}
 
-Reads each run's traces.jsonl (inference/metrics.py computes every metric from them), names the
+Reads each run's traces.jsonl (evaluation/metrics.py computes every metric from them), names the
 files with their size and SHA-256 so each number can be traced back, and writes:
 - report.md with tables (arms side by side across runs; prompt tokens per decision, imagined step
   and real step, prefilled vs reused from the prefix cache; each pair of arms compared task by task:
   the success difference with its paired bootstrap interval and the exact McNemar p-value,
-  inference/paired.py; with several runs, each later run against the first, arm by arm, on the tasks
+  evaluation/paired.py; with several runs, each later run against the first, arm by arm, on the tasks
   both played (a flywheel round's old and new adapters); success by game; lost episodes by loss class,
-  inference/losses.py; transient failures that got through and premature finishes, for runs that have
+  evaluation/losses.py; transient failures that got through and premature finishes, for runs that have
   any; episode endings foreseen by the simulator's verdicts, for runs that have them; pivot and replan
   reasons)
   and plots/*.png next to it;
@@ -33,10 +33,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from simplan.data.io import atomic_open, write_json, write_text
-from simplan.inference.losses import LOSS_CLASSES, LOSS_LABELS
-from simplan.inference.metrics import EpisodeRecord, GroupMetrics, aggregate, load_run, trace_files
-from simplan.inference.paired import PairedComparison, compare_all, compare_runs
+from simplan.core.io import atomic_open, write_json, write_text
+from simplan.evaluation.losses import LOSS_CLASSES, LOSS_LABELS
+from simplan.evaluation.metrics import EpisodeRecord, GroupMetrics, aggregate, load_run, trace_files
+from simplan.evaluation.paired import PairedComparison, compare_all, compare_runs
 
 
 @dataclass
@@ -319,7 +319,7 @@ def loss_table(runs: list[RunData]) -> Table:
         "Lost episodes by cause (from the traces)",
         ["run", "arm", "lost"] + [LOSS_LABELS[c] for c in LOSS_CLASSES],
         rows,
-        "Each lost episode counts once, in the first class that applies (inference/losses.py): env error "
+        "Each lost episode counts once, in the first class that applies (evaluation/losses.py): env error "
         "(status errored); irreversible wrong action (the last action ended the game unwon); parse failures "
         "(decider unparseable at least once per two steps); loop / no progress (ended by the step or replan "
         "budget with half the steps repeating or half the pivots repeated_action / no_progress); step cap "
@@ -715,7 +715,7 @@ def write_report(
     stamp = time.strftime("%Y-%m-%d %H:%M:%S")
     intro = (
         f"Generated {stamp} by `simplan report` from {len(runs)} run(s). Every metric is computed from the "
-        "trace files listed below (inference/metrics.py over inference/trace.summarize); episodes are "
+        "trace files listed below (evaluation/metrics.py over inference/trace.summarize); episodes are "
         "deduplicated by episode id. Success intervals are Wilson 95%; arms are compared task by task "
         "(exact McNemar test, paired bootstrap interval)."
     )

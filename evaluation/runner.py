@@ -4,17 +4,17 @@
         --adapters decider=runs/train/decider/adapter,simulator=runs/train/simulator/adapter \\
         --out runs/eval/twx-dev --concurrency 8
 
-    from simplan.inference.evaluate import EvalConfig, evaluate
+    from simplan.evaluation.runner import EvalConfig, evaluate
     outcome = evaluate(EvalConfig(suite="toy-dev", out="runs/eval/toy"), engine, concurrency=4)
 
 How it runs:
 - Episodes of all arms run at once in `concurrency` threads, task-major (the arms of one task side
-  by side), sharing one `BatchingEngine` (inference/batching.py): their model calls merge into
+  by side), sharing one `BatchingEngine` (inference/engines/batching.py): their model calls merge into
   batched engine calls. Each thread slot owns its env instances, created on first use and reused
   (one JVM per slot for TextWorld-Express / ScienceWorld), wrapped by the suite's fault injection
-  (inference/faults.py) when it has any.
+  (evaluation/faults.py) when it has any.
 - Episode ids are "{suite}/{env}/{task_id}/{arm}/{repeat}". Each finished episode is appended in
-  one write to `out/traces.jsonl` (its whole trace, inference/trace.py) and then to
+  one write to `out/traces.jsonl` (its whole trace, inference/planning/trace.py) and then to
   `out/results.jsonl` (its `EpisodeSummary`). Re-running the same command resumes: an episode
   whose trace has an end event is never run again, unless it ended "errored" (a crash inside the
   planner, env or engine: it has no valid result, so its events move to `traces.jsonl.errored`, its
@@ -22,7 +22,7 @@ How it runs:
   events of an episode cut short are moved to `traces.jsonl.partial`, a second finished run of an
   episode (only a file written by two runs at once has one) to `traces.jsonl.duplicate`, and a
   result line missing for a finished trace is rebuilt from the trace. The traces are the source of
-  every metric (inference/metrics.py); results.jsonl is a convenience copy.
+  every metric (evaluation/metrics.py); results.jsonl is a convenience copy.
 - Errored episodes are named in `EvalOutcome.errors`; `errored_message` words them for the user
   (`simplan eval` and the pipeline's eval stage fail with it rather than report crashes as scores).
 - One run at a time per folder: `out/eval.lock` is locked (flock) for the run's duration, so a
@@ -55,18 +55,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from simplan.data.io import append_jsonl, read_jsonl_tolerant, write_json, write_jsonl
+from simplan.core.io import append_jsonl, read_jsonl_tolerant, write_json, write_jsonl
 from simplan.envs.base import Env, Task
 from simplan.envs.registry import make_env
-from simplan.inference.arms import ARM_PRESETS
-from simplan.inference.batching import BatchingEngine
-from simplan.inference.engine import Engine
+from simplan.evaluation.faults import FaultConfig, FaultyEnv, wrap_faults
+from simplan.evaluation.suites import StepCap, Suite, SuiteEntry, entry_tasks_with_caps, load_suite
+from simplan.inference.engines.base import Engine
+from simplan.inference.engines.batching import BatchingEngine
 from simplan.inference.engines.model_free import ModelFreeEngine
-from simplan.inference.faults import FaultConfig, FaultyEnv, wrap_faults
-from simplan.inference.suites import StepCap, Suite, SuiteEntry, entry_tasks_with_caps, load_suite
-from simplan.inference.trace import EpisodeTrace, append_trace, episode_runs, summarize
+from simplan.inference.planning.arms import ARM_PRESETS
+from simplan.inference.planning.trace import EpisodeTrace, append_trace, episode_runs, summarize
 
-ARMS = ("reactive", "plan", "simplan")  # the default comparison; every preset of inference/arms.py may be asked for
+# The default comparison; every preset of inference/planning/arms.py may be asked for.
+ARMS = ("reactive", "plan", "simplan")
 TRACES = "traces.jsonl"
 RESULTS = "results.jsonl"
 LOCK = "eval.lock"
@@ -211,7 +212,7 @@ def plan_episodes(suite: Suite, arms: list[str], repeats: int) -> list[EpisodeSp
     """Task-major order: the arms of one task run side by side (so their calls batch together).
 
     Paired by construction: every arm gets every (task, repeat) with the same step cap and fault key,
-    so arms compare task by task (inference/paired.py).
+    so arms compare task by task (evaluation/paired.py).
     """
     specs = []
     for entry in suite.entries:
@@ -225,7 +226,7 @@ def plan_episodes(suite: Suite, arms: list[str], repeats: int) -> list[EpisodeSp
 
 def planner_config(cfg: EvalConfig, arm: str, entry: SuiteEntry, max_steps: int | None = None) -> Any:
     """The arm's PlannerConfig for a task of `entry`; `max_steps`: the task's cap (default: the entry's)."""
-    from simplan.inference.planner_config import PlannerConfig
+    from simplan.inference.planning.config import PlannerConfig
 
     cap = entry.max_steps if max_steps is None else max_steps
     values = {**cfg.planner, **cfg.arm_overrides.get(arm, {}), "arm": arm, "max_steps": cap}
@@ -439,8 +440,8 @@ def run_episode(
     episode_id: str,
     count_tokens: Callable[[list[dict[str, str]]], int] | None = None,
 ) -> Any:
-    """One episode with the planning loop (the only coupling to inference/planner.py)."""
-    from simplan.inference.planner import Planner
+    """One episode with the planning loop (the only coupling to inference/planning/planner.py)."""
+    from simplan.inference.planning.planner import Planner
 
     planner = Planner(engine, env, config, count_tokens=count_tokens)
     try:
@@ -452,7 +453,7 @@ def run_episode(
 def check_arms_start(engine: Engine, slot: EnvSlot, specs: list[EpisodeSpec], configs: dict[Any, Any]) -> None:
     """Build the first planner of each arm (no episode runs): an arm the engine cannot serve (e.g. a missing
     simulator adapter) or an env that cannot be made raises here, before the run writes anything."""
-    from simplan.inference.planner import Planner
+    from simplan.inference.planning.planner import Planner
 
     seen: set[str] = set()
     for spec in specs:

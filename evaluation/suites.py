@@ -3,7 +3,7 @@
     simplan eval --suite twx-dev --arms reactive,plan,simplan ...      # recipes/suites/twx-dev.yaml
     simplan eval --suite path/to/my-suite.yaml ...
 
-    from simplan.inference.suites import load_suite, suite_tasks
+    from simplan.evaluation.suites import load_suite, suite_tasks
     suite = load_suite("toy-dev")
     for entry, tasks in suite_tasks(suite):
         ...
@@ -26,8 +26,8 @@ A suite file (flat keys at the top apply to every entry unless the entry sets it
 
 Suites live in recipes/suites/ (found from the repo root or $SIMPLAN_SUITES); a path works too.
 
-Every arm of an evaluation runs the same tasks with the same step cap (inference/evaluate.py
-`plan_episodes`), so the arms' outcomes pair task by task (inference/paired.py). With `step_cap`
+Every arm of an evaluation runs the same tasks with the same step cap (evaluation/runner.py
+`plan_episodes`), so the arms' outcomes pair task by task (evaluation/paired.py). With `step_cap`
 the cap of each task is read from the expert's path (`env.expert_plan()` after a reset while the
 episodes are planned): a flat cap cut cookingworld's longer gold paths short while giving the
 3-step games room to wander. A task whose expert plan is unavailable keeps `max_steps`.
@@ -44,7 +44,7 @@ from typing import Any
 
 from simplan.envs.base import FOLDS, Env, Task, env_extra
 from simplan.envs.registry import make_env
-from simplan.inference.faults import FaultConfig
+from simplan.evaluation.faults import FaultConfig
 
 SUITES_DIR = Path(__file__).resolve().parents[1] / "recipes" / "suites"
 _ENTRY_KEYS = {

@@ -1,1 +1,1 @@
-"""Engines (vLLM, OpenAI client, transformers+peft), the planning loop, evaluation and reports."""
+"""Engines (transformers+peft, vLLM, an OpenAI-compatible client) behind one protocol, and serving them."""

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from simplan.data.io import atomic_dir
+from simplan.core.io import atomic_dir
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Tiny randomly initialised models with a real tokenizer and chat template, for tests.
 
-    from simplan.training.tiny import tiny_model
+    from simplan.models.tiny import tiny_model
     folder = tiny_model("llama")   # or "qwen2"; made in seconds, cached, a HF folder like any other
 
 Both architectures use SmolLM2's tokenizer (49,152 words, ChatML template), read straight from
@@ -13,8 +13,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from simplan.data.io import atomic_dir
-from simplan.training.models import DEFAULT_MODEL, REGISTRY, _package_folder, cache_dir
+from simplan.core.io import atomic_dir
+from simplan.models.registry import DEFAULT_MODEL, REGISTRY, _package_folder, cache_dir
 
 TINY_VERSION = 2  # 2: EOS row not zero, final norm x8 (see tiny_model)
 ARCHS = ("llama", "qwen2")

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import sys
 
-from simplan.data.build import BuildConfig, FoldLeakError, MalformedInputError, build, stats_markdown
+from simplan.core.config import parse_config
+from simplan.data.build import BuildConfig, build
+from simplan.data.build_inputs import FoldLeakError, MalformedInputError
+from simplan.data.build_stats import stats_markdown
 from simplan.envs.registry import UnknownEnvError
-from simplan.scripts.config import parse_config
 
 MAX_PRINTED_PROBLEMS = 20
 

@@ -8,7 +8,7 @@
 --env is a built-in or installed plugin name (`simplan envs list`) or package.module:Class.
 
 Re-running the same command resumes: episodes already in --out are skipped. Policies, noise and
-recovery are described in `simplan.data.collect`. Exit status: 0 when every planned episode is in
+recovery are described in `simplan.data.policies`. Exit status: 0 when every planned episode is in
 the file (errored ones included, listed in the summary), 1 when some could not be written.
 """
 
@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import sys
 
+from simplan.core.config import parse_config
 from simplan.data.collect import CollectConfig, collect
 from simplan.envs.registry import UnknownEnvError
-from simplan.scripts.config import parse_config
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,10 +17,10 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+from simplan.core.config import parse_config
 from simplan.envs.base import env_extra
 from simplan.envs.check import check_env
 from simplan.envs.registry import EnvSource, UnknownEnvError, make_env, sources
-from simplan.scripts.config import parse_config
 
 USAGE = (
     "usage: simplan envs list | simplan envs check NAME|package.module:Class [--sample N] [--families a,b] "

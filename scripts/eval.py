@@ -16,7 +16,7 @@ command needs no --fresh.
 `--episodes N` is tasks per game/family (0: the suite's); `--concurrency C` is how many episodes run
 at once (their model calls are merged into batched engine calls; with --engine openai it is also
 the requests in flight). Re-running the same command resumes; an episode is never counted twice.
-Suites: recipes/suites/*.yaml. How it works: `simplan.inference.evaluate`. Then: `simplan report
+Suites: recipes/suites/*.yaml. How it works: `simplan.evaluation.runner`. Then: `simplan report
 OUT`. Exit status: 0 when every episode run finished, 1 when some errored (crashed in the planner, env
 or engine: the message names the count per arm, the first error and where the tracebacks are; re-running
 the same command runs them again), 2 on a bad configuration or an --out that another `simplan eval` is
@@ -29,12 +29,12 @@ import os
 import sys
 from pathlib import Path
 
+from simplan.core.config import parse_config
 from simplan.envs.registry import UnknownEnvError
+from simplan.evaluation.report import arms_table, load_run_data
+from simplan.evaluation.runner import EvalConfig, FolderLockedError, check_unlocked, errored_message, evaluate
 from simplan.inference.engines import EngineConfig, engine_from_config, is_merged
 from simplan.inference.engines.config import MODEL_FREE_KINDS
-from simplan.inference.evaluate import EvalConfig, FolderLockedError, check_unlocked, errored_message, evaluate
-from simplan.inference.report import arms_table, load_run_data
-from simplan.scripts.config import parse_config
 
 
 def main(argv: list[str] | None = None) -> int:

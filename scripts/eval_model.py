@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import sys
 
-from simplan.scripts.config import parse_config
-from simplan.training.evaluate import EvalModelConfig
+from simplan.core.config import parse_config
+from simplan.evaluation.offline import EvalModelConfig
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
         description="Offline decider/simulator metrics on a dataset fold.",
         prog="simplan eval-model",
     )
-    from simplan.training.evaluate import evaluate
+    from simplan.evaluation.offline import evaluate
 
     try:
         report = evaluate(cfg)

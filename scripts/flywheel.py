@@ -7,7 +7,7 @@
 
 Stages: model, harvest, traces, build-decider, build-simulator, train-decider, train-simulator, eval,
 simulator-check (the old and the new simulator, paired, on `--before`'s states), report
-(`simplan.inference.flywheel` describes them); each prints the `simplan` command that runs it alone,
+(`simplan.workflows.flywheel` describes them); each prints the `simplan` command that runs it alone,
 finished stages are reused and `--force` / `--stages` work as in `simplan pipeline`. Exit status: 0
 when every stage finished, 1 when one failed or a configuration is bad, 130 when interrupted.
 """
@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import sys
 
-from simplan.inference.flywheel import Flywheel, FlywheelConfig
-from simplan.scripts.config import parse_config
+from simplan.core.config import parse_config
 from simplan.scripts.pipeline import run_to_end
+from simplan.workflows.flywheel import Flywheel, FlywheelConfig
 
 
 def main(argv: list[str] | None = None) -> int:

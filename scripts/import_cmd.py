@@ -14,8 +14,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from simplan.core.config import parse_config
 from simplan.data.importers import ImportConfig, import_file
-from simplan.scripts.config import parse_config
 
 
 def _positional(parser: argparse.ArgumentParser) -> None:

@@ -22,7 +22,7 @@ def check_model(folder: str, question: str, max_new_tokens: int = 40) -> str:
     from transformers import AutoModelForCausalLM
 
     from simplan.data.format import prompt_text
-    from simplan.training.models import load_tokenizer
+    from simplan.models.registry import load_tokenizer
 
     tok = load_tokenizer(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     fetch.add_argument("--question", default=DEFAULT_QUESTION, help="the question --check asks")
     args = parser.parse_args(argv)
 
-    from simplan.training.models import ModelNotFoundError, list_models, resolve_model
+    from simplan.models.registry import ModelNotFoundError, list_models, resolve_model
 
     if args.command == "list":
         rows = list_models()

@@ -5,7 +5,7 @@
     simplan pipeline --config recipes/pipeline/twx-smollm2.yaml --force eval,report --eval '{episodes: 3}'
 
 Stages: collect-train, collect-dev, model, build-decider, build-simulator, train-decider,
-train-simulator, eval, report; each is a library call (`simplan.inference.pipeline`, which describes
+train-simulator, eval, report; each is a library call (`simplan.workflows.pipeline`, which describes
 them) and prints the `simplan` command that runs it alone. Re-running reuses finished stages
 (OUT/.stages/STAGE.json) and resumes an interrupted one; `--force STAGE,...` re-runs stages,
 `--stages STAGE,...` runs only those (their inputs must be complete). Before each stage: `[i/N] STAGE`
@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import sys
 
-from simplan.inference.pipeline import Pipeline, PipelineConfig, StageFailed
-from simplan.scripts.config import parse_config
+from simplan.core.config import parse_config
+from simplan.workflows.pipeline import Pipeline, PipelineConfig, StageFailed
 
 
 def main(argv: list[str] | None = None) -> int:

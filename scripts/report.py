@@ -4,7 +4,7 @@
     simplan report runs/eval/before runs/eval/after --out runs/report/compare --title "before vs after"
 
 RUN is an eval run folder (`simplan eval --out`) or a traces.jsonl file. Every number is computed
-from the runs' trace files (named with their SHA-256 in the report). See `simplan.inference.report`.
+from the runs' trace files (named with their SHA-256 in the report). See `simplan.evaluation.report`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from simplan.inference.report import write_report
+from simplan.evaluation.report import write_report
 
 
 def main(argv: list[str] | None = None) -> int:

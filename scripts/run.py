@@ -7,8 +7,8 @@
     simplan run --env simplan_shop.env:ShopEnv --arm reactive --engine expert   # no model: the env's expert
 
 Every planner setting is a flag (`simplan run --help`); `--arm` fills the ones not given
-(inference/arms.py); an arm asks only for the adapters it uses (reactive: the decider). The trace
-(JSONL, one event per line, see inference/trace.py) is appended to
+(inference/planning/arms.py); an arm asks only for the adapters it uses (reactive: the decider). The trace
+(JSONL, one event per line, see inference/planning/trace.py) is appended to
 --trace (default runs/run/<env>-<task>-<arm>.jsonl). Exit status 0 when the episode ran (solved or
 not), 1 when it errored.
 """
@@ -21,12 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from simplan.core.config import parse_config
 from simplan.envs.base import FOLDS, Env, Task
 from simplan.envs.registry import UnknownEnvError, make_env
-from simplan.inference.engine import Engine
 from simplan.inference.engines import EngineConfig, engine_from_config
-from simplan.inference.planner import Planner, PlannerConfig
-from simplan.inference.trace import (
+from simplan.inference.engines.base import Engine
+from simplan.inference.planning.planner import Planner, PlannerConfig
+from simplan.inference.planning.trace import (
     ActEvent,
     EndEvent,
     ImagineEvent,
@@ -36,7 +37,6 @@ from simplan.inference.trace import (
     append_trace,
     format_event,
 )
-from simplan.scripts.config import parse_config
 
 VIEWS = ("rich", "plain", "none")
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import sys
 
-from simplan.inference.serve import ServeConfig, serve_forever
-from simplan.scripts.config import parse_config
+from simplan.core.config import parse_config
+from simplan.inference.serving.server import ServeConfig, serve_forever
 
 
 def main(argv: list[str] | None = None) -> int:

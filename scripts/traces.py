@@ -4,7 +4,7 @@
     simplan traces --runs runs/eval/a,runs/eval/b --arms simplan --min_score 0.5 --out runs/data/traces.jsonl
 
 Every finished episode becomes a trajectory: all its real transitions are simulator data, the actions of
-won (and recovered) episodes decider targets, mistakes masked context (`simplan.inference.harvest`
+won (and recovered) episodes decider targets, mistakes masked context (`simplan.workflows.harvest`
 describes which step counts as what). Episodes are replayed in their env to record valid actions and
 tools. Prints what was written: episodes, transitions, decider targets, masked steps, skips. Exit
 status: 0 when a file was written, 1 when no episode could be converted, 2 for a missing run folder.
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import sys
 
-from simplan.inference.harvest import TracesConfig, harvest
-from simplan.scripts.config import parse_config
+from simplan.core.config import parse_config
+from simplan.workflows.harvest import TracesConfig, harvest
 
 
 def main(argv: list[str] | None = None) -> int:

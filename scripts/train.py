@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 
-from simplan.scripts.config import parse_config
+from simplan.core.config import parse_config
 from simplan.training.config import DataArguments, LoraArguments, ModelArguments, TrainArguments
 
 

@@ -1,6 +1,6 @@
 """Shared test fixtures. Tests run on the CPU in seconds; slow ones carry the `slow` marker.
 
-Servers started by tests (inference/serve.py `start_server`) run in their own process group, so a
+Servers started by tests (inference/serving/server.py `start_server`) run in their own process group, so a
 killed pytest would leave them running: SIGTERM and SIGHUP are turned into KeyboardInterrupt (the
 test's `with start_server(...)` then stops its server, as on Ctrl-C), and every server still
 running when pytest finishes is stopped. `shop_on_path` puts the example plugin env
@@ -39,7 +39,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    serve = sys.modules.get("simplan.inference.serve")  # imported only if some test started a server
+    serve = sys.modules.get("simplan.inference.serving.server")  # imported only if some test started a server
     if serve is not None:
         serve.stop_all_servers()
     for sig, handler in _previous_handlers.items():

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from simplan.inference.metrics import aggregate, load_run
+from simplan.evaluation.metrics import aggregate, load_run
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 
@@ -18,7 +18,7 @@ def tiny_adapters(tmp_path_factory) -> tuple[str, str]:
     """A tiny model and two random adapters trained on conversation prompts (so the hf prefix cache is used)."""
     from test_merged import SETTINGS, make_adapter  # pytest puts tests/ on sys.path (rootdir-relative imports)
 
-    from simplan.training.tiny import tiny_model
+    from simplan.models.tiny import tiny_model
 
     base = str(tiny_model("llama", final_norm=1.0))
     root = tmp_path_factory.mktemp("adapters")

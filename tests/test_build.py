@@ -12,10 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from simplan.core.io import write_jsonl
 from simplan.data import format as fmt
-from simplan.data.build import BuildConfig, FoldLeakError, MalformedInputError, build
-from simplan.data.io import write_jsonl
+from simplan.data.build import BuildConfig, build
+from simplan.data.build_inputs import FoldLeakError, MalformedInputError
 from simplan.data.trajectory import Step, Trajectory
+from simplan.envs.actions import render_action
 from simplan.envs.base import Action, Task
 from simplan.envs.toy import ToyEnv
 
@@ -89,14 +91,14 @@ def write_toy(path: Path, folds: dict[str, int], noisy: bool = True, **kw) -> li
 def tokenizer():
     from transformers import AutoTokenizer
 
-    from simplan.training.tiny import tiny_model
+    from simplan.models.tiny import tiny_model
 
     return AutoTokenizer.from_pretrained(tiny_model("llama"))
 
 
 @pytest.fixture(scope="module")
 def model_dir():
-    from simplan.training.tiny import tiny_model
+    from simplan.models.tiny import tiny_model
 
     return str(tiny_model("llama"))
 
@@ -127,7 +129,7 @@ def test_decider_targets_are_exactly_the_expert_and_recovery_actions(tmp_path, t
     assert noise_steps > 0 and res.stats["skipped"]["source_noise"] == noise_steps
     for r in rows:
         step = by_traj[r["trajectory_id"]].steps[r["step"]]
-        assert r["completion"] == fmt.render_action(step.action)  # the action, no EOS
+        assert r["completion"] == render_action(step.action)  # the action, no EOS
         assert r["source"] in ("expert", "recovery") and not r["error"]
         assert r["messages"] == r["prompt"] + [{"role": "assistant", "content": r["completion"]}]
         assert [m["role"] for m in r["prompt"]] == ["system", "user"]

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from simplan.data.collect import CollectConfig, collect, inverse_candidates, is_look_only
-from simplan.data.io import read_jsonl_tolerant
+from simplan.core.io import read_jsonl_tolerant
+from simplan.data.collect import CollectConfig, collect
+from simplan.data.mistakes import inverse_candidates, is_look_only
 from simplan.data.trajectory import Trajectory
 from simplan.data.validate import validate_file
 from simplan.envs.base import Action, StepResult

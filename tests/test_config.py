@@ -1,4 +1,4 @@
-"""scripts/config.py: YAML recipe defaults, command-line overrides, validation errors."""
+"""core/config.py: YAML recipe defaults, command-line overrides, validation errors."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from simplan.scripts.config import comma_list, parse_config
+from simplan.core.config import comma_list, parse_config
 
 
 @dataclass
@@ -50,7 +50,7 @@ def test_unknown_key_and_bad_value_are_clear_errors(tmp_path, capsys):
 def test_a_comma_string_is_the_same_list_in_a_recipe_a_python_call_and_on_the_command_line(tmp_path):
     from simplan.data.build import BuildConfig
     from simplan.data.collect import CollectConfig
-    from simplan.inference.harvest import TracesConfig
+    from simplan.workflows.harvest import TracesConfig
 
     assert comma_list("a,,b,") == ["a", "b"] and comma_list("") == []  # empty items dropped
     assert comma_list("a, b") == ["a", " b"]  # not stripped, as the command line reads `--flag "a, b"`

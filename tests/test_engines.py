@@ -16,8 +16,8 @@ import os
 
 import pytest
 
-from simplan.inference.engine import Engine, GenerationRequest, ScoreRequest
 from simplan.inference.engines import make_engine
+from simplan.inference.engines.base import Engine, GenerationRequest, ScoreRequest
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 ADAPTER_NAMES = ("decider", "simulator")
@@ -55,7 +55,7 @@ def make_adapter(base: str, out: str, seed: int) -> str:
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> tuple[str, dict[str, str]]:
-    from simplan.training.tiny import tiny_model
+    from simplan.models.tiny import tiny_model
 
     # Unscaled logits (final_norm=1): greedy ties between kernels' float rounding are then vanishingly rare.
     base = str(tiny_model("llama", final_norm=1.0))
@@ -255,7 +255,7 @@ def test_vllm_constraints_and_sampling(vllm_engine):
 def test_serve_openai_backend_matches_hf(tiny, hf, tmp_path):
     if not HAS_VLLM:
         pytest.skip("vllm is not installed")
-    from simplan.inference.serve import ServeConfig, start_server
+    from simplan.inference.serving.server import ServeConfig, start_server
 
     base, adapters = tiny
     cfg = ServeConfig(
@@ -284,7 +284,7 @@ def test_serve_openai_backend_matches_hf(tiny, hf, tmp_path):
         (c,) = engine.generate([GenerationRequest(adapter="decider", messages=PROMPTS[0], choices=CHOICES)])
         assert c.completions[0].text in CHOICES
         engine.close()
-        # vLLM's own key check leaves these open; ours (inference/serve_auth.py) guards every path.
+        # vLLM's own key check leaves these open; ours (inference/serving/auth.py) guards every path.
         body = {"model": base, "prompt": "Hello"}
         for method, path in (("POST", "/invocations"), ("POST", "/tokenize"), ("GET", "/metrics"), ("GET", "/health")):
             assert _http_status(method, f"{server.url}{path}", body) == 401, path
@@ -345,7 +345,7 @@ def test_engine_config_and_adapter_specs(tmp_path):
 
 
 def test_serve_command_has_lora_workaround(tiny):
-    from simplan.inference.serve import ServeConfig, server_command
+    from simplan.inference.serving.server import ServeConfig, server_command
 
     base, adapters = tiny
     cfg = ServeConfig(model="tiny", adapters=",".join(f"{k}={v}" for k, v in adapters.items()), port=8123)
@@ -362,7 +362,7 @@ def test_serve_command_has_lora_workaround(tiny):
 def _episode(engine, arm: str = "simplan"):
     """One toy episode through the planning loop on `engine`; returns (real actions, trace summary)."""
     from simplan.envs.registry import make_env
-    from simplan.inference.planner import Planner, PlannerConfig
+    from simplan.inference.planning.planner import Planner, PlannerConfig
 
     env = make_env("toy")
     try:
@@ -408,7 +408,7 @@ def test_shared_prefix_scoring_equals_full_rows(tiny):
 
 def test_shared_prefix_scoring_equals_full_rows_on_qwen2():
     """Qwen2 (biased projections, its own mask path) takes the token tree's 4D mask the same way."""
-    from simplan.training.tiny import tiny_model
+    from simplan.models.tiny import tiny_model
 
     base = str(tiny_model("qwen2"))
     fast = make_engine("hf", base, dtype="float32", threads=1)
@@ -421,7 +421,7 @@ def test_shared_prefix_scoring_equals_full_rows_on_qwen2():
 
 # ------------------------------------------------------------------------- prefix caching (issue 16)
 def test_serve_command_turns_prefix_caching_on(tiny):
-    from simplan.inference.serve import ServeConfig, server_command
+    from simplan.inference.serving.server import ServeConfig, server_command
 
     base, adapters = tiny
     assert "--enable-prefix-caching" in server_command(ServeConfig(model="tiny", port=8123), base)

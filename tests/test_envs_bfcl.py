@@ -14,13 +14,8 @@ pytest.importorskip("bfcl_eval")
 from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils  # noqa: E402
 
 from simplan.envs.base import FOLDS, Action, ActionParseError, Env  # noqa: E402
-from simplan.envs.bfcl import (  # noqa: E402
-    CATEGORIES,
-    BFCLEnv,
-    base_id_of,
-    load_category,
-    unplayable_reason,
-)
+from simplan.envs.bfcl import BFCLEnv  # noqa: E402
+from simplan.envs.bfcl_tasks import CATEGORIES, base_id_of, load_category, unplayable_reason  # noqa: E402
 from simplan.envs.registry import make_env  # noqa: E402
 
 

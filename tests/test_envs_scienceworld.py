@@ -19,7 +19,7 @@ from simplan.envs.scienceworld import (  # noqa: E402
     is_error_response,
     task_names,
 )
-from simplan.inference.judge import Judge, JudgeWeights, env_patterns  # noqa: E402
+from simplan.inference.planning.judge import Judge, JudgeWeights, env_patterns  # noqa: E402
 
 FAST = ["lifespan-longest-lived", "power-component"]
 

@@ -17,7 +17,7 @@ from simplan.envs.textworld_express import (  # noqa: E402
     goal_with_reading,
     is_error_response,
 )
-from simplan.inference.judge import (  # noqa: E402
+from simplan.inference.planning.judge import (  # noqa: E402
     DEFAULT_ERROR_PATTERNS,
     Judge,
     JudgeMemory,

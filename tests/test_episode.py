@@ -12,18 +12,19 @@ from pathlib import Path
 
 import pytest
 
-from simplan.data.build import BuildConfig, build, step_rows
+from simplan.core.io import iter_jsonl
+from simplan.data.build import BuildConfig, build
+from simplan.data.build_rows import step_rows
 from simplan.data.collect import CollectConfig, collect
 from simplan.data.episode import EpisodeState, PromptSettings, renderer_for, write_settings
-from simplan.data.io import iter_jsonl
 from simplan.data.trajectory import Trajectory
 from simplan.envs.registry import make_env
-from simplan.inference.planner import Planner
-from simplan.inference.planner_config import PlannerConfig
-from simplan.inference.prompts import PlannerPrompts
-from simplan.inference.scripted import ScriptedEngine
-from simplan.training.tiny import _tokenizer
-from simplan.training.trainer import IGNORE_INDEX, tokenize_conversation
+from simplan.inference.engines.scripted import ScriptedEngine
+from simplan.inference.planning.config import PlannerConfig
+from simplan.inference.planning.planner import Planner
+from simplan.inference.planning.prompts import PlannerPrompts
+from simplan.models.tiny import _tokenizer
+from simplan.training.examples import IGNORE_INDEX, tokenize_conversation
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +92,7 @@ def test_an_imagined_step_renders_like_a_real_one(tok):
 def _replay_prompts(env_name: str, traj: Trajectory, settings: PromptSettings, tok) -> list[list[dict]]:
     """The decider prompts the planner sends when its decider replays the recorded actions."""
     actions = iter(s.action for s in traj.steps)
-    from simplan.data.format import render_action
+    from simplan.envs.actions import render_action
 
     engine = ScriptedEngine(decide=lambda req, user: render_action(next(actions)))
     env = make_env(env_name, **traj.meta.get("env_kwargs", {}))
@@ -150,7 +151,7 @@ def test_planner_prompts_are_the_training_prefixes_bfcl(tmp_path, tok):
 @pytest.mark.slow
 def test_planner_prompts_are_the_training_prefixes_scienceworld(tmp_path, tok):
     pytest.importorskip("scienceworld")
-    from simplan.data.format import render_action
+    from simplan.envs.actions import render_action
 
     # ScienceWorld lists a capped hint of valid actions and the planner decides among the listed ones,
     # so the replay covers each episode up to its first expert action the hint does not list.
@@ -234,7 +235,7 @@ def test_trl_sft_trains_on_the_export_with_our_loss_mask(tmp_path, tok):
     trl = pytest.importorskip("trl")
     from datasets import load_dataset
 
-    from simplan.training.tiny import tiny_model
+    from simplan.models.tiny import tiny_model
 
     _long_toy(tmp_path)
     out = tmp_path / "ds"

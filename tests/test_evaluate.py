@@ -13,12 +13,12 @@ import warnings
 
 import pytest
 
-from simplan.inference.batching import BatchingEngine
-from simplan.inference.engine import GenerationRequest, ScoreRequest
-from simplan.inference.evaluate import RESULTS, TRACES, EvalConfig, FolderLockedError, evaluate, lock_folder
-from simplan.inference.metrics import aggregate, load_run
-from simplan.inference.scripted import ScriptedEngine
-from simplan.inference.trace import read_traces, summarize
+from simplan.evaluation.metrics import aggregate, load_run
+from simplan.evaluation.runner import RESULTS, TRACES, EvalConfig, FolderLockedError, evaluate, lock_folder
+from simplan.inference.engines.base import GenerationRequest, ScoreRequest
+from simplan.inference.engines.batching import BatchingEngine
+from simplan.inference.engines.scripted import ScriptedEngine
+from simplan.inference.planning.trace import read_traces, summarize
 
 PREFERENCE = ("open door", "take key", "go east")
 
@@ -202,7 +202,7 @@ def test_a_second_run_on_a_locked_folder_refuses(tmp_path, capsys) -> None:
 LOCK_HOLDER = """
 import sys, time
 from pathlib import Path
-from simplan.inference.evaluate import lock_folder
+from simplan.evaluation.runner import lock_folder
 
 with lock_folder(Path(sys.argv[1])):
     print("locked", flush=True)
@@ -271,7 +271,7 @@ def crashing_engine(broken: set[str]) -> ScriptedEngine:
 
 
 def test_errored_episodes_fail_the_command_and_a_rerun_retries_only_them(tmp_path, monkeypatch, capsys) -> None:
-    from simplan.inference.evaluate import plan_episodes, resolve_suite
+    from simplan.evaluation.runner import plan_episodes, resolve_suite
     from simplan.scripts import eval as eval_script
 
     cfg = _cfg(tmp_path, arms=["reactive", "plan"], episodes=2)

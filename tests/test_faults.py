@@ -6,7 +6,7 @@ import pytest
 
 from simplan.envs.base import Action, Observation, StepResult, Task
 from simplan.envs.toy import ToyEnv
-from simplan.inference.faults import TRANSIENT_TEXT, FaultConfig, FaultyEnv, perturb_text, step_rng, wrap_faults
+from simplan.evaluation.faults import TRANSIENT_TEXT, FaultConfig, FaultyEnv, perturb_text, step_rng, wrap_faults
 
 
 def _run(cfg: FaultConfig, episodes: int = 40, steps: int = 25) -> list[list[str | None]]:

@@ -20,12 +20,12 @@ from simplan.data.collect import CollectConfig, collect
 from simplan.envs import registry
 from simplan.envs.base import Observation, StepResult
 from simplan.envs.toy import ToyEnv
+from simplan.evaluation.faults import TRANSIENT_TEXT
+from simplan.evaluation.runner import EvalConfig, evaluate
 from simplan.inference.engines import make_engine
-from simplan.inference.evaluate import EvalConfig, evaluate
-from simplan.inference.faults import TRANSIENT_TEXT
-from simplan.inference.harvest import TracesConfig, harvest, step_sources
-from simplan.inference.trace import ActEvent, read_traces
+from simplan.inference.planning.trace import ActEvent, read_traces
 from simplan.scripts.cli import main as cli_main
+from simplan.workflows.harvest import TracesConfig, harvest, step_sources
 
 REPO = Path(__file__).resolve().parents[1]
 TRAP_TEXT = "The key slips into a crack in the floor. The door can never be opened now."
@@ -53,7 +53,7 @@ def toy_runs(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
 def tokenizer():
     from transformers import AutoTokenizer
 
-    from simplan.training.tiny import tiny_model
+    from simplan.models.tiny import tiny_model
 
     return AutoTokenizer.from_pretrained(tiny_model("llama"))
 
@@ -278,7 +278,7 @@ def _tiny_adapter(out: Path, seed: int) -> Path:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from simplan.training.tiny import tiny_model
+    from simplan.models.tiny import tiny_model
 
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_pretrained(tiny_model("llama"), dtype=torch.float32)
@@ -292,8 +292,8 @@ def _tiny_adapter(out: Path, seed: int) -> Path:
 
 
 def test_flywheel_round_converts_merges_and_rebuilds(tmp_path, monkeypatch) -> None:
-    from simplan.inference.flywheel import Flywheel, FlywheelConfig, SimulatorCheck, run_report
-    from simplan.inference.paired import mcnemar_exact
+    from simplan.evaluation.paired import mcnemar_exact
+    from simplan.workflows.flywheel import Flywheel, FlywheelConfig, SimulatorCheck, run_report
 
     monkeypatch.chdir(REPO)
     data = [tmp_path / "train.jsonl", tmp_path / "dev.jsonl"]
@@ -355,8 +355,8 @@ def test_flywheel_round_converts_merges_and_rebuilds(tmp_path, monkeypatch) -> N
 
 
 def test_simulator_check_pairs_rows_and_counts_the_discordant_ones(tmp_path) -> None:
-    from simplan.inference.flywheel import SimulatorCheck, paired_exact
-    from simplan.inference.pipeline import StageFailed
+    from simplan.workflows.flywheel import SimulatorCheck, paired_exact
+    from simplan.workflows.pipeline import StageFailed
 
     def eval_model_run(name: str, exact: list[bool], golds: list[str]) -> Path:  # what eval-model writes
         run = tmp_path / name
@@ -386,7 +386,7 @@ def test_simulator_check_pairs_rows_and_counts_the_discordant_ones(tmp_path) -> 
 
 
 def test_simulator_check_is_skipped_without_before_and_refuses_another_prompt_layout(tmp_path, monkeypatch) -> None:
-    from simplan.inference.flywheel import Flywheel, FlywheelConfig
+    from simplan.workflows.flywheel import Flywheel, FlywheelConfig
 
     monkeypatch.chdir(REPO)
     old = tmp_path / "old-simulator"
@@ -420,8 +420,8 @@ def test_simulator_check_is_skipped_without_before_and_refuses_another_prompt_la
 
 
 def test_flywheel_toy_recipe_configures_every_stage(monkeypatch) -> None:
-    from simplan.inference.flywheel import FLYWHEEL_STAGES, Flywheel, FlywheelConfig
-    from simplan.scripts.config import load_configs
+    from simplan.core.config import load_configs
+    from simplan.workflows.flywheel import FLYWHEEL_STAGES, Flywheel, FlywheelConfig
 
     monkeypatch.chdir(REPO)
     (cfg,) = load_configs([FlywheelConfig], "recipes/pipeline/flywheel-toy.yaml")
@@ -439,9 +439,9 @@ def test_flywheel_toy_recipe_configures_every_stage(monkeypatch) -> None:
 
 
 def test_flywheel_twx_recipe_continues_the_demo(monkeypatch) -> None:
-    from simplan.inference.flywheel import FLYWHEEL_STAGES, Flywheel, FlywheelConfig
-    from simplan.inference.pipeline import Pipeline, PipelineConfig
-    from simplan.scripts.config import load_configs
+    from simplan.core.config import load_configs
+    from simplan.workflows.flywheel import FLYWHEEL_STAGES, Flywheel, FlywheelConfig
+    from simplan.workflows.pipeline import Pipeline, PipelineConfig
 
     monkeypatch.chdir(REPO)
     (demo_cfg,) = load_configs([PipelineConfig], "recipes/pipeline/twx-smollm2.yaml")

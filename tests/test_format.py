@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from simplan.data import format as fmt
+from simplan.envs import actions
+from simplan.envs.actions import parse_tool_call, render_action
 from simplan.envs.base import Action, ActionParseError
 
 
@@ -35,9 +37,9 @@ def test_decider_and_simulator_messages_share_the_state_rendering():
 
 def test_tool_call_round_trip_and_refusals():
     action = Action.tool_call("mv", {"source": "a.txt", "destination": "b/", "n": [1, 2]})
-    text = fmt.render_action(action)
-    assert fmt.parse_tool_call(text, allowed=["mv"]) == action
-    assert fmt.parse_tool_call("finish()").kind == "finish"
+    text = render_action(action)
+    assert parse_tool_call(text, allowed=["mv"]) == action
+    assert parse_tool_call("finish()").kind == "finish"
     for bad, reason in [
         ("__import__('os').system('ls')", "expected name"),
         ("mv(source=open('x').read())", "not a literal"),
@@ -47,14 +49,14 @@ def test_tool_call_round_trip_and_refusals():
         ("mv(**{'a': 1})", "kwargs"),
     ]:
         with pytest.raises(ActionParseError, match=reason):
-            fmt.parse_tool_call(bad, allowed=["mv"])
+            parse_tool_call(bad, allowed=["mv"])
 
 
 def test_tool_call_values_must_be_json_and_bounded():
-    action = fmt.parse_tool_call("f(a=(1, 2), b={'x': -1.5, 'y': [None, True]}, c=+3, d='\\x00é')")
+    action = parse_tool_call("f(a=(1, 2), b={'x': -1.5, 'y': [None, True]}, c=+3, d='\\x00é')")
     assert action.arguments == {"a": [1, 2], "b": {"x": -1.5, "y": [None, True]}, "c": 3, "d": "\x00é"}
-    assert fmt.parse_tool_call(fmt.render_action(action)) == action  # a tuple is read as the list it renders as
-    deep = fmt.MAX_LITERAL_DEPTH + 2
+    assert parse_tool_call(render_action(action)) == action  # a tuple is read as the list it renders as
+    deep = actions.MAX_LITERAL_DEPTH + 2
     for bad, reason in [
         ("f(a={'a', 'b'})", "argument 'a' is not a literal value: a set"),
         ("f(a=b'..')", "a bytes constant"),
@@ -68,17 +70,17 @@ def test_tool_call_values_must_be_json_and_bounded():
         ("f(a=x)", "a name"),
         ("f(a=0x" + "f" * 20 + ")", "an integer beyond"),
         ("f(a='\\udc80')", "lone surrogate"),
-        ("f(a=" + "[" * deep + "]" * deep + ")", f"nested more than {fmt.MAX_LITERAL_DEPTH} deep"),
+        ("f(a=" + "[" * deep + "]" * deep + ")", f"nested more than {actions.MAX_LITERAL_DEPTH} deep"),
         ("f(a=" + "-" * 5000 + "1)", r"not a Python call expression: .*\(RecursionError\)"),
         ("f(a=" + "[" * 1000 + "]" * 1000 + ")", "not a Python call expression: .*too many nested"),
         ("f(a='\x00')", "not a Python call expression"),
         ("f(a='\udc80')", r"not a Python call expression: .*\(UnicodeEncodeError\)"),
-        ("f(a='" + "x" * fmt.MAX_CALL_CHARS + "')", f"longer than {fmt.MAX_CALL_CHARS}"),
-        ("f(a=[" + "[]," * 3000 + "])", f"more than {fmt.MAX_LITERAL_NODES}"),
+        ("f(a='" + "x" * actions.MAX_CALL_CHARS + "')", f"longer than {actions.MAX_CALL_CHARS}"),
+        ("f(a=[" + "[]," * 3000 + "])", f"more than {actions.MAX_LITERAL_NODES}"),
     ]:
         with pytest.raises(ActionParseError, match=reason):
-            fmt.parse_tool_call(bad)
-    assert fmt.parse_tool_call(f"f(a={2**63 - 1}, b={-(2**63 - 1)})").arguments == {"a": 2**63 - 1, "b": -(2**63 - 1)}
+            parse_tool_call(bad)
+    assert parse_tool_call(f"f(a={2**63 - 1}, b={-(2**63 - 1)})").arguments == {"a": 2**63 - 1, "b": -(2**63 - 1)}
 
 
 def test_action_key_is_unchanged_for_json_arguments_and_never_raises():

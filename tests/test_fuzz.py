@@ -22,12 +22,13 @@ from pathlib import Path
 
 import pytest
 
-from simplan.data.format import parse_tool_call, render_action
-from simplan.data.io import append_jsonl, write_jsonl
+from simplan.core.io import append_jsonl, write_jsonl
+from simplan.envs.actions import parse_tool_call, render_action
 from simplan.envs.base import ActionParseError, Env, Task
 from simplan.envs.registry import make_env
 from simplan.envs.toy import ToyEnv
-from simplan.inference.engine import (
+from simplan.evaluation.runner import EvalConfig, evaluate
+from simplan.inference.engines.base import (
     Completion,
     EngineContractError,
     GenerationRequest,
@@ -37,10 +38,9 @@ from simplan.inference.engine import (
     ScoreResult,
     sanitize_text,
 )
-from simplan.inference.evaluate import EvalConfig, evaluate
-from simplan.inference.planner import Planner, PlannerConfig, _softmax
-from simplan.inference.scripted import ScriptedEngine
-from simplan.inference.trace import append_trace, read_traces
+from simplan.inference.engines.scripted import ScriptedEngine
+from simplan.inference.planning.planner import Planner, PlannerConfig, _softmax
+from simplan.inference.planning.trace import append_trace, read_traces
 
 # ast.parse warns about model text such as 'a\\d' or '1_a' (invalid escapes, literals): the text's problem.
 pytestmark = [

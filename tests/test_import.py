@@ -21,7 +21,7 @@ OPENAI, SHAREGPT = DATA / "openai_chat.jsonl", DATA / "sharegpt.jsonl"
 
 @pytest.fixture(scope="module")
 def model_dir():
-    from simplan.training.tiny import tiny_model
+    from simplan.models.tiny import tiny_model
 
     return str(tiny_model("llama"))
 

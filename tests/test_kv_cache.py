@@ -15,8 +15,8 @@ import pytest
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from simplan.inference.engine import GenerationRequest, ScoreRequest
 from simplan.inference.engines import make_engine
+from simplan.inference.engines.base import GenerationRequest, ScoreRequest
 from simplan.inference.engines.hf_peft import HFPeftEngine
 from simplan.inference.engines.kv_cache import GrowingLayer, growing_cache, stacked_cache
 
@@ -112,7 +112,7 @@ OTHER = [SYSTEM, {"role": "user", "content": "Goal: light the lamp. You see a la
 
 @pytest.fixture(scope="module")
 def engine() -> HFPeftEngine:
-    from simplan.training.tiny import tiny_model
+    from simplan.models.tiny import tiny_model
 
     base = str(tiny_model("llama", final_norm=1.0))  # unscaled logits: no near-ties between greedy tokens
     eng = make_engine("hf", base, dtype="float32", threads=1, batch_size=8)

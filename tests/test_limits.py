@@ -26,9 +26,9 @@ from simplan.envs.limits import (
 )
 from simplan.envs.registry import make_env
 from simplan.envs.toy import ToyEnv
-from simplan.inference.planner import Planner, PlannerConfig
-from simplan.inference.scripted import ScriptedEngine, ToyOracle
-from simplan.inference.trace import END_STATUSES
+from simplan.inference.engines.scripted import ScriptedEngine, ToyOracle
+from simplan.inference.planning.planner import Planner, PlannerConfig
+from simplan.inference.planning.trace import END_STATUSES
 
 SLACK = 1.0  # seconds a limited call may overrun its limit on a loaded 2-core machine (thread/process start)
 
@@ -218,7 +218,7 @@ def bfcl_task():
 
 
 def test_bfcl_huge_power_is_refused_before_the_call(bfcl_task):
-    from simplan.envs.bfcl import argument_problem
+    from simplan.envs.bfcl_worker import argument_problem
 
     env = make_env("bfcl")
     try:

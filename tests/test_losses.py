@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from simplan.inference.losses import LOSS_CLASSES, LossRules, classify_loss
-from simplan.inference.trace import ActEvent, EndEvent, EpisodeTrace, ParseFailureEvent, PivotEvent
+from simplan.evaluation.losses import LOSS_CLASSES, LossRules, classify_loss
+from simplan.inference.planning.trace import ActEvent, EndEvent, EpisodeTrace, ParseFailureEvent, PivotEvent
 
 
 def episode(

@@ -21,7 +21,7 @@ from simplan.inference.engines.config import EngineConfig, parse_merge, resolve_
 
 @pytest.fixture(scope="module")
 def base() -> str:
-    from simplan.training.tiny import tiny_model
+    from simplan.models.tiny import tiny_model
 
     return str(tiny_model("llama", final_norm=1.0))
 
@@ -121,8 +121,8 @@ def test_explicit_values_win_over_the_platform(base, adapters, no_cuda):
 def test_recipes_and_flags_give_the_same_values_and_keep_stage_hashes(tmp_path):
     """A recipe's `merge_adapters: true` stays the bool True, as before `auto`: the pipeline hashes the fields
     that differ from their defaults, so a finished eval stage that set it is not run again."""
-    from simplan.inference.pipeline import changed_fields
-    from simplan.scripts.config import parse_config
+    from simplan.core.config import parse_config
+    from simplan.workflows.pipeline import changed_fields
 
     recipe = tmp_path / "engine.yaml"
     recipe.write_text("engine: hf\nmerge_adapters: true\n")
@@ -142,8 +142,8 @@ def test_simplan_eval_with_default_engine_settings_merges_on_the_cpu(base, tmp_p
     from test_merged import SETTINGS, make_adapter  # pytest puts tests/ on sys.path
 
     from simplan.inference.engines.merged import MANIFEST, merged_folder
+    from simplan.models.registry import cache_dir
     from simplan.scripts.eval import main as eval_main
-    from simplan.training.models import cache_dir
 
     # seeds of their own: no other test's merge of the same content is in the session's merge cache
     decider = make_adapter(base, tmp_path / "decider", seed=11, settings=SETTINGS)

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from simplan.inference.engine import Engine, GenerationRequest, ScoreRequest
 from simplan.inference.engines import make_engine
+from simplan.inference.engines.base import Engine, GenerationRequest, ScoreRequest
 from simplan.inference.engines.merged import MANIFEST, MergedEngine, merged_folder, merged_model
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
@@ -52,7 +52,7 @@ def make_adapter(base: str, out: Path, seed: int, settings: dict | None = None) 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> tuple[str, dict[str, str]]:
-    from simplan.training.tiny import tiny_model
+    from simplan.models.tiny import tiny_model
 
     base = str(tiny_model("llama", final_norm=1.0))
     root = tmp_path_factory.mktemp("adapters")
@@ -121,7 +121,7 @@ def test_merged_engine_routes_by_adapter_and_counts_each_call_once(merged):
 
 
 def test_merged_hf_keeps_each_sessions_prefix_and_frees_it(merged):
-    from simplan.inference.engine import MeteredEngine, SessionEngine
+    from simplan.inference.engines.base import MeteredEngine, SessionEngine
 
     assert isinstance(merged, SessionEngine)  # MeteredEngine forwards end_session only to SessionEngines
     meter = MeteredEngine(merged, session="episode-1")

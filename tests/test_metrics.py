@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from simplan.inference.metrics import aggregate, load_run, records_from_traces, wilson_interval
-from simplan.inference.trace import (
+from simplan.evaluation.metrics import aggregate, load_run, records_from_traces, wilson_interval
+from simplan.inference.planning.trace import (
     ActEvent,
     EndEvent,
     EpisodeTrace,
@@ -204,7 +204,7 @@ def shop_traces() -> list[EpisodeTrace]:
 
 
 def test_transient_failures_got_through_and_premature_finishes(shop_on_path) -> None:
-    from simplan.inference.metrics import RetryAccount, retry_account
+    from simplan.evaluation.metrics import RetryAccount, retry_account
 
     retried, premature, plain = shop_traces()
     assert retry_account(retried) == RetryAccount(

@@ -1,5 +1,6 @@
-"""The env oracle (inference/oracle.py): its predictions are exactly what the real env returns (toy, TWX, BFCL,
-ScienceWorld), it replays only what it must, and a planner with `simulator: env` commits plans that reality meets.
+"""The env oracle (inference/planning/oracle.py): its predictions are exactly what the real env returns (toy, TWX,
+BFCL, ScienceWorld), it replays only what it must, and a planner with `simulator: env` commits plans that reality
+meets.
 
     .venv/bin/pytest -q -m "not slow" tests/test_oracle.py     # ScienceWorld (a ~10 s JVM load per reset) is slow
 """
@@ -16,13 +17,13 @@ from simplan.envs.base import Action, Env, Observation, StepResult, Task
 from simplan.envs.limits import LimitedEnv
 from simplan.envs.registry import make_env
 from simplan.envs.toy import ToyEnv
-from simplan.inference.evaluate import EvalConfig
-from simplan.inference.faults import FaultConfig, FaultyEnv
-from simplan.inference.judge import Judge, JudgeMemory, JudgeWeights, Outcome
-from simplan.inference.oracle import EnvOracle, OracleTimeout, executed_actions, same_env_factory
-from simplan.inference.planner import Planner, PlannerConfig, Rollout
-from simplan.inference.scripted import ScriptedEngine, ToyOracle, prompt_actions, toy_expert_action
-from simplan.inference.trace import EpisodeTrace
+from simplan.evaluation.faults import FaultConfig, FaultyEnv
+from simplan.evaluation.runner import EvalConfig
+from simplan.inference.engines.scripted import ScriptedEngine, ToyOracle, prompt_actions, toy_expert_action
+from simplan.inference.planning.judge import Judge, JudgeMemory, JudgeWeights, Outcome
+from simplan.inference.planning.oracle import EnvOracle, OracleTimeout, executed_actions, same_env_factory
+from simplan.inference.planning.planner import Planner, PlannerConfig, Rollout
+from simplan.inference.planning.trace import EpisodeTrace
 
 TOY_TASKS = ToyEnv().tasks("dev")[2:5]
 

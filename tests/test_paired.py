@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from simplan.inference.metrics import EpisodeRecord
-from simplan.inference.paired import (
+from simplan.evaluation.metrics import EpisodeRecord
+from simplan.evaluation.paired import (
     compare_all,
     compare_arms,
     compare_runs,
@@ -16,7 +16,7 @@ from simplan.inference.paired import (
     paired_bootstrap,
     task_key,
 )
-from simplan.inference.trace import EpisodeSummary
+from simplan.inference.planning.trace import EpisodeSummary
 
 
 def rec(task: str, arm: str, success: bool, tokens: int = 100, wall: float = 1.0, repeat: int = 0) -> EpisodeRecord:

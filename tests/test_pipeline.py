@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from simplan.inference import pipeline as pl
-from simplan.scripts.config import parse_config
+from simplan.core.config import parse_config
 from simplan.scripts.pipeline import main
+from simplan.workflows import pipeline as pl
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -279,7 +279,7 @@ REAL_STAGE = pl.Pipeline.stage  # taken before the fake_stages fixture replaces 
 def test_an_eval_whose_episodes_errored_fails_and_a_rerun_retries_them(tmp_path, fake_stages, monkeypatch, capsys):
     """Every episode crashes (a planner bug): the eval stage fails naming them, no marker records it as done and
     the report never runs on crashes; the cause fixed, the same command plays those episodes again and goes on."""
-    from simplan.inference.planner import Planner
+    from simplan.inference.planning.planner import Planner
 
     fake = pl.Pipeline.stage
     monkeypatch.setattr(pl.Pipeline, "stage", lambda self, name: (REAL_STAGE if name == "eval" else fake)(self, name))

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from simplan.inference.judge import Judge, JudgeMemory, JudgeWeights, compile_patterns, looks_like_error
-from simplan.inference.pivots import (
+from simplan.core.text import similarity
+from simplan.inference.planning.judge import Judge, JudgeMemory, JudgeWeights, compile_patterns, looks_like_error
+from simplan.inference.planning.pivots import (
     BudgetNearlyExhausted,
     ErrorObservation,
     ExpectationMismatch,
@@ -16,7 +17,6 @@ from simplan.inference.pivots import (
     ScoreDrop,
     StepRecord,
     default_rules,
-    similarity,
 )
 
 

@@ -8,9 +8,9 @@ import pytest
 from simplan.data.format import SECTION_OBSERVATION
 from simplan.envs.base import Observation, StepResult
 from simplan.envs.toy import ToyEnv
-from simplan.inference.planner import Planner, PlannerConfig
-from simplan.inference.scripted import ScriptedEngine, ToyOracle, prompt_actions
-from simplan.inference.trace import (
+from simplan.inference.engines.scripted import ScriptedEngine, ToyOracle, prompt_actions
+from simplan.inference.planning.planner import Planner, PlannerConfig
+from simplan.inference.planning.trace import (
     ActEvent,
     CandidateRecord,
     CommitEvent,
@@ -386,7 +386,7 @@ def test_run_command_writes_a_trace(tmp_path, monkeypatch, capsys):
 
 # -- summarize -------------------------------------------------------------------------------------
 def test_summarize_matches_hand_computed_values(tmp_path):
-    from simplan.inference.trace import append_trace
+    from simplan.inference.planning.trace import append_trace
 
     t = EpisodeTrace.start("ep-1", "toy", {"task_id": "corridor-7", "fold": "dev", "family": "corridor"}, "simplan")
     cands = [
@@ -458,8 +458,8 @@ def test_prompt_fitter_bound_never_undercounts_and_fits_like_fit_to_budget():
 
     from simplan.data.format import chat_token_counter, decider_messages, fit_to_budget, state_from_steps
     from simplan.envs.base import Action
-    from simplan.inference.prompt_fit import PromptFitter
-    from simplan.training.tiny import tiny_model
+    from simplan.inference.planning.prompt_fit import PromptFitter
+    from simplan.models.tiny import tiny_model
 
     try:
         tok = AutoTokenizer.from_pretrained(tiny_model("llama"))

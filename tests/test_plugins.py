@@ -21,7 +21,7 @@ from simplan.envs import registry
 from simplan.envs.base import Action, Task, env_extra
 from simplan.envs.check import check_env
 from simplan.envs.registry import UnknownEnvError, make_env
-from simplan.inference.trace import ActEvent
+from simplan.inference.planning.trace import ActEvent
 
 REPO = Path(__file__).resolve().parents[1]
 SHOP = REPO / "examples" / "simplan-shop"
@@ -106,7 +106,7 @@ def test_shop_503_is_transient_and_stock_can_sell_out(shop_on_path: None) -> Non
 # ---------------------------------------------------------------------------------------------
 def test_expert_engine_wins_reactive_and_random_is_seeded(shop_on_path: None) -> None:
     from simplan.inference.engines import make_engine
-    from simplan.inference.planner import Planner, PlannerConfig
+    from simplan.inference.planning.planner import Planner, PlannerConfig
 
     env = make_env(SPEC)
     tasks = env.tasks("dev", limit=6)
@@ -163,12 +163,12 @@ def test_run_accepts_env_options_as_a_deprecated_alias(shop_on_path: None, tmp_p
 # The whole path through the CLI mains
 # ---------------------------------------------------------------------------------------------
 def _pipeline(tmp_path: Path, env: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from simplan.models.tiny import tiny_model
     from simplan.scripts.build import main as build_main
     from simplan.scripts.collect import main as collect_main
     from simplan.scripts.eval import main as eval_main
     from simplan.scripts.report import main as report_main
     from simplan.scripts.validate import main as validate_main
-    from simplan.training.tiny import tiny_model
 
     data = tmp_path / "shop.jsonl"
     for fold in ("train", "dev"):

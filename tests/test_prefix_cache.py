@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from simplan.inference.engine import GenerationRequest, MeteredEngine, ScoreRequest
 from simplan.inference.engines import make_engine
+from simplan.inference.engines.base import GenerationRequest, MeteredEngine, ScoreRequest
 from simplan.inference.engines.common import prompt_ids
 from simplan.inference.engines.hf_peft import HFPeftEngine
 
@@ -57,7 +57,7 @@ def make_adapter(base: str, out: Path, seed: int) -> str:
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> tuple[str, dict[str, str]]:
-    from simplan.training.tiny import tiny_model
+    from simplan.models.tiny import tiny_model
 
     base = str(tiny_model("llama", final_norm=1.0))  # unscaled logits: no near-ties between greedy tokens
     return base, {"decider": make_adapter(base, tmp_path_factory.mktemp("adapters") / "decider", seed=1)}
@@ -222,7 +222,7 @@ def test_planner_episode_reuses_prefixes_records_them_and_ends_its_session(tiny,
     """The same toy episode with and without the cache: same actions and prompt tokens; the cached run's
     trace records reused tokens per act, imagine and end event, and the session is freed at the end."""
     from simplan.envs.registry import make_env
-    from simplan.inference.planner import Planner, PlannerConfig
+    from simplan.inference.planning.planner import Planner, PlannerConfig
 
     cold = HFPeftEngine(*tiny, dtype="float32", threads=1, prefix_cache_sessions=0)
     config = PlannerConfig(arm="simplan", max_steps=4, k=2, horizon=1, simulator_adapter="", simulator_max_tokens=8)

@@ -10,12 +10,12 @@ import json
 import pytest
 
 from simplan.envs.toy import ToyEnv
-from simplan.inference.engine import GenerationRequest, ScoreRequest
-from simplan.inference.metrics import aggregate, load_run, prompt_account, records_from_traces
-from simplan.inference.planner import Planner, PlannerConfig
-from simplan.inference.report import write_report
-from simplan.inference.scripted import ScriptedEngine, ToyOracle, last_user_content
-from simplan.inference.trace import (
+from simplan.evaluation.metrics import aggregate, load_run, prompt_account, records_from_traces
+from simplan.evaluation.report import write_report
+from simplan.inference.engines.base import GenerationRequest, ScoreRequest
+from simplan.inference.engines.scripted import ScriptedEngine, ToyOracle, last_user_content
+from simplan.inference.planning.planner import Planner, PlannerConfig
+from simplan.inference.planning.trace import (
     ActEvent,
     CandidateRecord,
     EndEvent,
@@ -265,7 +265,7 @@ def test_hf_prefix_cache_prefills_only_the_new_turn(monkeypatch) -> None:
     from simplan.envs.registry import make_env
     from simplan.inference.engines import make_engine
     from simplan.inference.engines.common import encode, prompt_ids
-    from simplan.training.tiny import tiny_model
+    from simplan.models.tiny import tiny_model
 
     engine = make_engine("hf", str(tiny_model("llama", final_norm=1.0)), dtype="float32", threads=1)
     seen: list[ScoreRequest] = []

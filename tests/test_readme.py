@@ -6,7 +6,7 @@ Every command runs once, in guide order (README.md, then docs/*.md), in one temp
 `build` reads what `collect` wrote, `eval` loads what `train` saved and `report` reads what `eval`
 wrote, as a reader runs them. They run in this process through `simplan.scripts.cli.main` (torch is
 imported once). A rule in RULE_TABLE, keyed by the command line, makes each command small and keeps
-what it does: the real model becomes a tiny random model (training/tiny.py), TextWorld-Express the toy
+what it does: the real model becomes a tiny random model (models/tiny.py), TextWorld-Express the toy
 env, steps and episodes 1-2. A rule only swaps whole arguments and appends flags (the later flag wins),
 so every flag the guide writes is still parsed: a renamed or removed flag fails here. The rule names
 the files the guide promises; the test checks the exit status and that they exist.
@@ -297,7 +297,7 @@ def run_command(argv: list[str]) -> Outcome:
 @pytest.fixture(scope="module")
 def ran(tmp_path_factory: pytest.TempPathFactory) -> Ran:
     """Every guide command with a rule, in guide order, in one work folder (a command repeated runs once)."""
-    from simplan.training.tiny import tiny_model
+    from simplan.models.tiny import tiny_model
 
     tiny = str(tiny_model("llama"))
     work = tmp_path_factory.mktemp("readme")

@@ -13,18 +13,18 @@ from pathlib import Path
 
 import pytest
 
+from simplan.core.io import iter_jsonl
 from simplan.data.collect import CollectConfig, collect
 from simplan.data.episode import ConversationRenderer, EpisodeState, PromptSettings
-from simplan.data.io import iter_jsonl
 from simplan.envs.base import Action, StepResult, env_extra, expert_policy
 from simplan.envs.check import check_env
 from simplan.envs.registry import make_env
 from simplan.envs.toy import ToyEnv
-from simplan.inference.faults import TRANSIENT_TEXT, FaultConfig, FaultyEnv
-from simplan.inference.judge import Judge, JudgeMemory, JudgeWeights
-from simplan.inference.pivots import StepRecord, TransientError
-from simplan.inference.planner import Planner, PlannerConfig
-from simplan.inference.scripted import ScriptedEngine, last_user_content, prompt_actions, toy_expert_action
+from simplan.evaluation.faults import TRANSIENT_TEXT, FaultConfig, FaultyEnv
+from simplan.inference.engines.scripted import ScriptedEngine, last_user_content, prompt_actions, toy_expert_action
+from simplan.inference.planning.judge import Judge, JudgeMemory, JudgeWeights
+from simplan.inference.planning.pivots import StepRecord, TransientError
+from simplan.inference.planning.planner import Planner, PlannerConfig
 
 SPEC = "simplan_shop.env:ShopEnv"
 BUSY = "Service busy (503): try again."

@@ -10,7 +10,7 @@ from simplan.data.replay import Replayer, plan_position
 from simplan.data.trajectory import Step, Trajectory
 from simplan.envs.base import Action, ActionParseError, Observation, StepResult, Task, parse_command
 from simplan.envs.registry import register
-from simplan.training.evaluate import EvalModelConfig, decider_metrics, load_replay_trajectories, replay_verdicts
+from simplan.evaluation.offline import EvalModelConfig, decider_metrics, load_replay_trajectories, replay_verdicts
 
 
 class PantryEnv:

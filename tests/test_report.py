@@ -9,9 +9,9 @@ import re
 import pytest
 from test_metrics import make_trace, shop_traces, traces  # pytest puts tests/ on sys.path (rootdir-relative imports)
 
-from simplan.inference.metrics import aggregate, load_run
-from simplan.inference.report import pct, write_report
-from simplan.inference.trace import append_trace
+from simplan.evaluation.metrics import aggregate, load_run
+from simplan.evaluation.report import pct, write_report
+from simplan.inference.planning.trace import append_trace
 from simplan.scripts.report import main as report_main
 
 

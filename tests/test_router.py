@@ -2,8 +2,8 @@
 
     .venv/bin/pytest -q tests/test_router.py
 
-The router runs a scripted toy oracle (inference/scripted.py) whose simulator calls are counted; the
-confidence test on the hf backend uses a tiny random model (training/tiny.py).
+The router runs a scripted toy oracle (inference/engines/scripted.py) whose simulator calls are counted; the
+confidence test on the hf backend uses a tiny random model (models/tiny.py).
 """
 
 from __future__ import annotations
@@ -16,21 +16,21 @@ import pytest
 
 from simplan.data.format import CONVERSATION_SIMULATOR_SYSTEM, PromptState, simulator_messages
 from simplan.envs.toy import ToyEnv
-from simplan.inference.engine import Completion, GenerationRequest, GenerationResult
-from simplan.inference.judge import Judge, JudgeMemory, JudgeWeights, trust
-from simplan.inference.metrics import episode_record, group_metrics
-from simplan.inference.planner import Planner, PlannerConfig
-from simplan.inference.planner_config import Budgets, Router
-from simplan.inference.scripted import ScriptedEngine, ToyOracle
-from simplan.inference.sim_accuracy import (
+from simplan.evaluation.metrics import episode_record, group_metrics
+from simplan.evaluation.offline import EvalModelConfig, simulator_verb_accuracy, write_verb_accuracy
+from simplan.inference.engines.base import Completion, GenerationRequest, GenerationResult
+from simplan.inference.engines.scripted import ScriptedEngine, ToyOracle
+from simplan.inference.planning.config import Budgets, Router
+from simplan.inference.planning.judge import Judge, JudgeMemory, JudgeWeights, trust
+from simplan.inference.planning.planner import Planner, PlannerConfig
+from simplan.inference.planning.sim_accuracy import (
     ACCURACY_FILE,
     SimulatorAccuracy,
     accuracy_from_traces,
     action_verb,
     simulator_prompt_action,
 )
-from simplan.inference.trace import ActEvent, EpisodeTrace, summarize
-from simplan.training.evaluate import EvalModelConfig, simulator_verb_accuracy, write_verb_accuracy
+from simplan.inference.planning.trace import ActEvent, EpisodeTrace, summarize
 
 ENV = ToyEnv()
 TASK = ENV.tasks("dev")[3]  # corridor-103: the expert goes east, takes the key, goes east, opens the door
@@ -214,7 +214,7 @@ def test_offline_per_verb_accuracy_reads_the_action_from_both_prompt_layouts(tmp
 def test_online_per_verb_accuracy_from_traces():
     trace = EpisodeTrace.start(episode_id="e", env="toy", task={}, arm="simplan")
     for action, expectation, observation in [
-        ("go east", "Room 2.", "room 2."),  # exact after normalize_text (lower-cased), as trace.summarize
+        ("go east", "Room 2.", "room 2."),  # exact after core.text.normalize (lower-cased), as trace.summarize
         ("go east", "Room 3.", "Room 4."),
         ("take key", None, "Taken."),  # not imagined: not counted
         ("open door", "It opens.", "It opens."),
@@ -288,7 +288,7 @@ def test_completion_mean_logprob():
 def test_hf_backend_fills_the_confidence_on_a_tiny_random_model():
     pytest.importorskip("transformers")
     from simplan.inference.engines import make_engine
-    from simplan.training.tiny import tiny_model
+    from simplan.models.tiny import tiny_model
 
     engine = make_engine("hf", str(tiny_model("llama", final_norm=1.0)), {}, dtype="float32", threads=1)
     try:
@@ -312,7 +312,7 @@ def test_eval_model_writes_the_per_verb_accuracy_next_to_the_adapter(tmp_path):
     """`simplan eval-model --role simulator` end to end on saved predictions (no model): the files and by_verb."""
     from datasets import Dataset, DatasetDict
 
-    from simplan.training.evaluate import evaluate
+    from simplan.evaluation.offline import evaluate
 
     def prompt(action: str) -> list[dict[str, str]]:
         return simulator_messages(PromptState(goal="escape", observation="A hall."), action)

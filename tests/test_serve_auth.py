@@ -24,9 +24,9 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.testclient import TestClient
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from simplan.inference import serve
-from simplan.inference.serve import ServeConfig, ServerHandle, server_command, stop_all_servers
-from simplan.inference.serve_auth import IMPORT_PATH, KEY_ENV, BearerKeyMiddleware
+from simplan.inference.serving import server as serve
+from simplan.inference.serving.auth import IMPORT_PATH, KEY_ENV, BearerKeyMiddleware
+from simplan.inference.serving.server import ServeConfig, ServerHandle, server_command, stop_all_servers
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = "s3cret-key"
@@ -189,7 +189,7 @@ def test_a_terminated_pytest_stops_its_servers(tmp_path) -> None:
         textwrap.dedent(
             f"""
             import subprocess, time
-            from simplan.inference.serve import ServeConfig, ServerHandle
+            from simplan.inference.serving.server import ServeConfig, ServerHandle
 
             def test_holds_a_server():
                 proc = subprocess.Popen(["sh", "-c", "sleep 60 & echo $!; wait"], stdout=subprocess.PIPE,

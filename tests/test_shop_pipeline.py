@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from simplan.inference import pipeline as pl
-from simplan.inference.suites import load_suite, suite_tasks
-from simplan.scripts.config import parse_config
+from simplan.core.config import parse_config
+from simplan.evaluation.suites import load_suite, suite_tasks
 from simplan.scripts.pipeline import main
+from simplan.workflows import pipeline as pl
 
 REPO = Path(__file__).resolve().parents[1]
 SPEC = "simplan_shop.env:ShopEnv"
@@ -103,8 +103,8 @@ def test_shop_tiny_pipeline_end_to_end(shop_on_path, tmp_path) -> None:
 
 
 def test_bfcl_recipes_train_and_evaluate_on_the_same_compact_tools(tmp_path) -> None:
+    from simplan.evaluation.runner import EvalConfig
     from simplan.inference.engines.config import EngineConfig
-    from simplan.inference.evaluate import EvalConfig
 
     argv = ["--config", str(REPO / "recipes/pipeline/bfcl-smollm2.yaml"), "--out", str(tmp_path / "p")]
     (cfg,) = parse_config([pl.PipelineConfig], argv)

@@ -9,9 +9,9 @@ from test_evaluate import greedy_engine  # pytest puts tests/ on sys.path (rootd
 
 from simplan.envs.base import Task
 from simplan.envs.toy import ToyEnv
-from simplan.inference.evaluate import EvalConfig, evaluate, plan_episodes, resolve_suite
-from simplan.inference.suites import StepCap, SuiteEntry, entry_tasks_with_caps, load_suite, task_step_caps
-from simplan.inference.trace import read_traces
+from simplan.evaluation.runner import EvalConfig, evaluate, plan_episodes, resolve_suite
+from simplan.evaluation.suites import StepCap, SuiteEntry, entry_tasks_with_caps, load_suite, task_step_caps
+from simplan.inference.planning.trace import read_traces
 
 # Toy corridor seed s: 3 + s % 3 rooms; the expert walks east through them, takes the key and opens the
 # door: rooms + 1 actions. corridor-100: 4 rooms -> 5 steps; -101: 5 rooms -> 6; -102: 3 rooms -> 4.

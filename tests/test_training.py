@@ -19,18 +19,18 @@ pytest.importorskip("peft")
 datasets = pytest.importorskip("datasets")
 
 from simplan.data.format import decider_messages, state_from_steps  # noqa: E402
+from simplan.models.tiny import tiny_model  # noqa: E402
+from simplan.training.checkpoints import last_checkpoint  # noqa: E402
+from simplan.training.completion_trainer import completion_loss  # noqa: E402
 from simplan.training.config import DataArguments, LoraArguments, ModelArguments, TrainArguments  # noqa: E402
-from simplan.training.tiny import tiny_model  # noqa: E402
-from simplan.training.trainer import (  # noqa: E402
+from simplan.training.examples import (  # noqa: E402
     IGNORE_INDEX,
     PackingCollator,
     PaddingCollator,
-    _last_checkpoint,
-    completion_loss,
     tokenize_dataset,
     tokenize_example,
-    train,
 )
+from simplan.training.trainer import train  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -257,7 +257,7 @@ def test_config_validation_names_the_field() -> None:
 
 def _eval_config(adapter: Path, tiny: Path, dataset_dir: Path, **kw):
     """eval-model of the trained tiny adapter (and its base) on the dev fold, in float32."""
-    from simplan.training.evaluate import EvalModelConfig
+    from simplan.evaluation.offline import EvalModelConfig
 
     return EvalModelConfig(
         role="decider",
@@ -271,7 +271,7 @@ def _eval_config(adapter: Path, tiny: Path, dataset_dir: Path, **kw):
 
 
 def test_eval_model_reports_base_and_adapter_side_by_side(trained, tiny: Path, dataset_dir: Path, tmp_path: Path):
-    from simplan.training.evaluate import EvalModelConfig, evaluate
+    from simplan.evaluation.offline import EvalModelConfig, evaluate
 
     result, _ = trained
     report = evaluate(_eval_config(result.adapter_dir, tiny, dataset_dir, out=str(tmp_path / "eval")))
@@ -299,7 +299,7 @@ def test_eval_model_reports_base_and_adapter_side_by_side(trained, tiny: Path, d
 
 
 def test_eval_model_decode_choices_picks_a_valid_action(trained, tiny: Path, dataset_dir: Path, tmp_path: Path):
-    from simplan.training.evaluate import EvalModelConfig, evaluate
+    from simplan.evaluation.offline import EvalModelConfig, evaluate
 
     result, _ = trained
     cfg = _eval_config(result.adapter_dir, tiny, dataset_dir, decode="choices")
@@ -322,7 +322,7 @@ def test_eval_model_decode_choices_picks_a_valid_action(trained, tiny: Path, dat
 def test_pick_device_takes_the_gpu_only_when_there_is_one() -> None:
     import torch
 
-    from simplan.training.models import pick_device
+    from simplan.models.registry import pick_device
 
     assert pick_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
     assert pick_device("cpu") == "cpu"
@@ -339,7 +339,7 @@ def test_special_tokens_follow_the_model_config(tiny: Path) -> None:
     from types import SimpleNamespace
 
     from simplan.data.format import eos_ends_assistant_turn
-    from simplan.training.models import align_special_tokens, load_tokenizer
+    from simplan.models.registry import align_special_tokens, load_tokenizer
 
     tok = load_tokenizer(str(tiny))
     assert eos_ends_assistant_turn(tok) == (True, "<|im_end|>\n")
@@ -356,7 +356,7 @@ def test_special_tokens_follow_the_model_config(tiny: Path) -> None:
 
 
 def test_eval_model_limit_spreads_over_families() -> None:
-    from simplan.training.evaluate import spread_sample
+    from simplan.evaluation.offline import spread_sample
 
     families = ["cook"] * 6 + ["coin"] * 2 + ["twc"] * 4
     assert spread_sample(families, 6) == [0, 1, 6, 7, 8, 9]
@@ -366,7 +366,8 @@ def test_eval_model_limit_spreads_over_families() -> None:
 
 
 def test_simulator_metrics() -> None:
-    from simplan.training.evaluate import simulator_metrics, token_f1
+    from simplan.core.text import token_f1
+    from simplan.evaluation.offline import simulator_metrics
 
     assert token_f1("You take the key.", "you take the key.") == 1.0
     assert token_f1("a b", "c d") == 0.0 and 0 < token_f1("a b c", "a b d") < 1
@@ -385,7 +386,7 @@ RECIPES = sorted(p for p in (Path(__file__).parent.parent / "recipes").glob("*/*
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: str(p.relative_to(p.parents[2])))
 def test_recipes_parse_and_open_with_their_command(recipe: Path) -> None:
-    from simplan.scripts.config import parse_config
+    from simplan.core.config import parse_config
 
     if recipe.parts[-3] == "pipeline":
         pytest.skip("pipeline recipes belong to `simplan pipeline`")
@@ -507,7 +508,7 @@ def test_resume_skips_a_torn_checkpoint_and_logs_no_step_twice(
     assert "checkpoint-4 is incomplete (no trainer_state.json): resuming from checkpoint-2" in err
     assert again.metrics["resumed_from"] == str(out / "checkpoint-2") and again.metrics["global_step"] == 4
     assert _logged_steps(out) == ([1, 2, 3, 4], [4])  # each step once; the first run's summary went with its steps
-    assert _last_checkpoint(out) == str(out / "checkpoint-4")  # written whole this time
+    assert last_checkpoint(out) == str(out / "checkpoint-4")  # written whole this time
 
 
 def test_a_copied_run_folder_resumes(tiny: Path, dataset_dir: Path, tmp_path: Path) -> None:

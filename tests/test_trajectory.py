@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from simplan.data.trajectory import InvalidRecord, Step, Trajectory, validate_record
+from simplan.envs.actions import render_action
 from simplan.envs.base import Action, Task
 from simplan.envs.registry import make_env
 
@@ -142,7 +143,7 @@ def test_whatever_validates_converts_and_renders_and_nothing_else_does():
         for step, state in zip(traj.steps, fmt.trajectory_states(traj)):
             fmt.decider_messages(state)
             fmt.simulator_messages(state, step.action)
-            fmt.render_action(step.action)
+            render_action(step.action)
             fmt.observation_completion(step.next_observation)
         json.dumps(traj.to_dict(), allow_nan=False).encode("utf-8")
     assert accepted > 50 and rejected > 200, (accepted, rejected)

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from simplan.core.io import JsonlLineError, iter_jsonl, read_jsonl_tolerant
 from simplan.data.collect import CollectConfig, collect
-from simplan.data.io import JsonlLineError, iter_jsonl, read_jsonl_tolerant
 from simplan.data.validate import validate_file, validate_files
 from simplan.scripts import validate as validate_script
 

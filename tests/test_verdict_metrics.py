@@ -14,12 +14,12 @@ from test_oracle import TOY_TASKS, TrapOracle, TrapToy  # pytest puts tests/ on 
 
 from simplan.data.episode import PromptSettings
 from simplan.envs.base import Action
-from simplan.inference.metrics import aggregate, records_from_traces
-from simplan.inference.oracle import EnvOracle
-from simplan.inference.planner import Planner, PlannerConfig
-from simplan.inference.report import write_report
-from simplan.inference.scripted import ScriptedEngine, prompt_action, prompt_actions
-from simplan.inference.trace import (
+from simplan.evaluation.metrics import aggregate, records_from_traces
+from simplan.evaluation.report import write_report
+from simplan.inference.engines.scripted import ScriptedEngine, prompt_action, prompt_actions
+from simplan.inference.planning.oracle import EnvOracle
+from simplan.inference.planning.planner import Planner, PlannerConfig
+from simplan.inference.planning.trace import (
     ActEvent,
     CandidateRecord,
     EndEvent,

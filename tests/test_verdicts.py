@@ -14,16 +14,17 @@ from pathlib import Path
 import pytest
 from test_oracle import TOY_TASKS, TrapOracle, TrapToy  # pytest puts tests/ on sys.path (rootdir-relative imports)
 
-from simplan.data.build import BuildConfig, build, step_rows
+from simplan.core.io import iter_jsonl, write_jsonl
+from simplan.data.build import BuildConfig, build
+from simplan.data.build_rows import step_rows
 from simplan.data.collect import CollectConfig, collect
 from simplan.data.episode import SETTINGS_FILE, EpisodeState, PromptSettings, renderer_for, write_settings
 from simplan.data.format import observation_completion, split_verdict
-from simplan.data.io import iter_jsonl, write_jsonl
 from simplan.data.trajectory import Trajectory
-from simplan.inference.planner import Planner, PlannerConfig
-from simplan.inference.scripted import ScriptedEngine, prompt_action
-from simplan.training.evaluate import EvalModelConfig, dataset_verdicts, evaluate, simulator_metrics
-from simplan.training.tiny import _tokenizer
+from simplan.evaluation.offline import EvalModelConfig, dataset_verdicts, evaluate, simulator_metrics
+from simplan.inference.engines.scripted import ScriptedEngine, prompt_action
+from simplan.inference.planning.planner import Planner, PlannerConfig
+from simplan.models.tiny import _tokenizer
 
 LOST = "[episode over: lost]"
 WON = "[episode over: won]"

@@ -6,7 +6,7 @@
 Each case runs a script in its own session (so every process it starts can be found by session id and,
 whatever happens, killed by the test), waits for it to print "ready", signals only the script itself (as
 `kill PID` or `timeout` would), and checks that the script exited with the signal's status and left no
-process of its session behind. Without inference/termination.py a SIGTERM skipped vLLM's exit-time
+process of its session behind. Without inference/engines/termination.py a SIGTERM skipped vLLM's exit-time
 shutdown and left `VLLM::EngineCore` running at ~190% CPU.
 """
 
@@ -89,7 +89,7 @@ def run_and_signal(
 # ------------------------------------------------------------------------------------- the signal handling
 CHILD_SCRIPT = """
     import atexit, subprocess, sys, time
-    from simplan.inference.termination import exit_on_termination
+    from simplan.inference.engines.termination import exit_on_termination
 
     exit_on_termination()
     child = subprocess.Popen(["sleep", "120"], start_new_session=False)
@@ -109,7 +109,7 @@ def test_termination_signal_runs_atexit_and_exits_with_its_status(tmp_path, sig)
 
 
 def test_handlers_already_set_are_kept_and_threads_change_nothing():
-    from simplan.inference.termination import exit_on_termination
+    from simplan.inference.engines.termination import exit_on_termination
 
     saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
@@ -139,7 +139,7 @@ def test_handlers_already_set_are_kept_and_threads_change_nothing():
 
 SERVER_SCRIPT = """
     import sys, time
-    from simplan.inference import serve
+    from simplan.inference.serving import server as serve
 
     serve.server_command = lambda cfg, model_path: ["sleep", "120"]  # stands in for the vLLM server
     serve.start_server(serve.ServeConfig(model=sys.argv[1]), wait=False)
@@ -199,7 +199,7 @@ def test_signalled_vllm_engine_leaves_no_engine_core(tmp_path, sig):
     reaches the engine core too): Python's KeyboardInterrupt already unwinds; checked so it stays that way."""
     if not HAS_VLLM:
         pytest.skip("vllm is not installed")
-    from simplan.training.tiny import tiny_model
+    from simplan.models.tiny import tiny_model
 
     base = str(tiny_model("llama", final_norm=1.0))
     code, before, left, log = run_and_signal(tmp_path, VLLM_SCRIPT, [base], sig, ready_timeout=420)

@@ -2,12 +2,12 @@
 
     simplan flywheel --config recipes/pipeline/flywheel-toy.yaml          # the command (scripts/flywheel.py)
 
-    from simplan.inference.flywheel import Flywheel, FlywheelConfig
+    from simplan.workflows.flywheel import Flywheel, FlywheelConfig
     flywheel = Flywheel(FlywheelConfig(out="runs/flywheel/r1", data=[...], decider=..., simulator=..., ...))
     flywheel.run()
     print(flywheel.summary())
 
-The round is a pipeline (inference/pipeline.py) with its own stages; each is the same library call as
+The round is a pipeline (workflows/pipeline.py) with its own stages; each is the same library call as
 its `simplan` command, finished stages are reused and an interrupted one resumes, exactly as there:
 
     model            the base model
@@ -40,7 +40,7 @@ with the prompt settings they were trained with (the round's `build` keys, check
 adapter's prompt_settings.json; identical windows once), decoded greedily as `simplan eval-model`
 does; a row counts as exact under eval-model's rule. summary.json holds the rows, exact before and
 after, the rows right only before / only after (and both, neither), the exact McNemar p-value on
-those discordant rows (inference/paired.py) and eval-model's token F1 of each.
+those discordant rows (evaluation/paired.py) and eval-model's token F1 of each.
 """
 
 from __future__ import annotations
@@ -52,12 +52,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from simplan.core.config import load_configs
+from simplan.core.io import iter_jsonl, write_json
 from simplan.data.build import BuildConfig
 from simplan.data.episode import PromptSettings, read_settings
-from simplan.data.io import iter_jsonl, write_json
-from simplan.inference.harvest import TracesConfig, trace_file
-from simplan.inference.paired import mcnemar_exact
-from simplan.inference.pipeline import (
+from simplan.evaluation.offline import EvalModelConfig
+from simplan.evaluation.paired import mcnemar_exact
+from simplan.workflows.harvest import TracesConfig, trace_file
+from simplan.workflows.pipeline import (
     Pipeline,
     PipelineConfig,
     Stage,
@@ -68,8 +70,6 @@ from simplan.inference.pipeline import (
     flags,
     run_build,
 )
-from simplan.scripts.config import load_configs
-from simplan.training.evaluate import EvalModelConfig
 
 FLYWHEEL_STAGES = (
     "model",
@@ -188,7 +188,7 @@ class FlywheelConfig:
 
 
 def run_traces(cfg: TracesConfig) -> str:
-    from simplan.inference.harvest import harvest
+    from simplan.workflows.harvest import harvest
 
     report = harvest(cfg)
     print(report.summary(), flush=True)
@@ -199,7 +199,7 @@ def run_traces(cfg: TracesConfig) -> str:
 
 def run_report(runs: list[Path], out: Path, title: str, check: Path | None = None) -> str:
     """The report of `runs`, with the simulator check's table when `check` (its summary.json) exists."""
-    from simplan.inference.report import write_report
+    from simplan.evaluation.report import write_report
 
     extra = [SimulatorCheck.read(check).table()] if check is not None and check.exists() else None
     return str(write_report(runs, out, title=title, extra=extra)["html"])
@@ -219,7 +219,7 @@ class SimulatorCheck:
     only_before: int  # the discordant rows: right before the round, wrong after ...
     only_after: int  # ... and the other way round
     neither: int
-    p_value: float  # exact McNemar test on only_before vs only_after (inference/paired.py)
+    p_value: float  # exact McNemar test on only_before vs only_after (evaluation/paired.py)
     token_f1_before: float | None = None
     token_f1_after: float | None = None
 
@@ -257,7 +257,7 @@ class SimulatorCheck:
         )
 
     def table(self) -> Any:
-        from simplan.inference.report import Table, pct
+        from simplan.evaluation.report import Table, pct
 
         f1 = [pct(x) for x in (self.token_f1_before, self.token_f1_after)]
         return Table(
@@ -305,7 +305,7 @@ def check_layout(adapter: Path, settings: PromptSettings) -> None:
 def run_simulator_check(
     traces_cfg: TracesConfig, build_cfg: BuildConfig, evals: dict[str, EvalModelConfig], out: Path
 ) -> str:
-    from simplan.training.evaluate import evaluate as evaluate_model
+    from simplan.evaluation.offline import evaluate as evaluate_model
 
     run_traces(traces_cfg)  # a `before` without traces is a FileNotFoundError naming it
     run_build(build_cfg)

@@ -3,11 +3,11 @@
     simplan traces --runs runs/eval/twx-train-small --out runs/data/twx-traces.jsonl --arms simplan
     simplan build --role simulator --inputs runs/data/twx-train.jsonl,runs/data/twx-traces.jsonl --out ...
 
-    from simplan.inference.harvest import TracesConfig, harvest
+    from simplan.workflows.harvest import TracesConfig, harvest
     report = harvest(TracesConfig(runs=["runs/eval/toy"], out="runs/data/toy-traces.jsonl"))
     print(report.summary())
 
-Every finished episode of the run folders' traces.jsonl (inference/trace.py) becomes one trajectory
+Every finished episode of the run folders' traces.jsonl (inference/planning/trace.py) becomes one trajectory
 (data/trajectory.py) whose steps are the real transitions the agent caused: these are exactly the
 states the agent visits, which expert and noisy-expert collection never reaches. Each step's source
 says what it teaches (build's defaults: the decider learns `expert` and `recovery` steps, the
@@ -22,7 +22,7 @@ simulator every step):
         noise      a failed action, or any action after the last score gain: the episode never
                    recovered from them (an irreversible wrong action is the last of these)
 
-Steps are rebuilt by replaying each episode in its env (`data/collect.py`'s `Recorder`, the code that
+Steps are rebuilt by replaying each episode in its env (`data/recorder.py`'s `Recorder`, the code that
 records collected steps), so valid actions, tools, goal changes and the structured action are what
 collection would record; the env's constructor arguments come from the run's eval_config.json. A
 replay that does not reach the traced observations (an env whose reset or steps are not
@@ -34,7 +34,7 @@ perturbation is noise, not dynamics). Unfinished and errored episodes are skippe
 A trajectory is `{env}/{task_id}/{arm}/trace-{run_id}`, its policy the arm, its task (and fold) the
 traced one: harvest from a suite of train-fold tasks to add training data (`simplan build` refuses a
 task in two folds). `meta` keeps the episode id, run folder, end status, outcome and loss class
-(inference/losses.py). The output is written atomically and passes `simplan validate` and
+(evaluation/losses.py). The output is written atomically and passes `simplan validate` and
 `simplan build`.
 """
 
@@ -48,15 +48,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from simplan.data.collect import EpisodeSpec, Recorder
-from simplan.data.io import read_jsonl_tolerant, write_jsonl
+from simplan.core.config import comma_list
+from simplan.core.io import read_jsonl_tolerant, write_jsonl
+from simplan.core.text import exact
+from simplan.data.recorder import EpisodeSpec, Recorder
 from simplan.data.trajectory import Trajectory
 from simplan.envs.base import Action, ActionParseError, Env, Task
 from simplan.envs.registry import make_env
-from simplan.inference.losses import classify_loss
-from simplan.inference.oracle import NOT_EXECUTED_FAULTS
-from simplan.inference.trace import ActEvent, EpisodeTrace, normalize_text, read_traces, redundant_steps
-from simplan.scripts.config import comma_list
+from simplan.evaluation.losses import classify_loss
+from simplan.inference.planning.oracle import NOT_EXECUTED_FAULTS
+from simplan.inference.planning.trace import ActEvent, EpisodeTrace, read_traces, redundant_steps
 
 TRACES = "traces.jsonl"
 EVAL_CONFIG = "eval_config.json"
@@ -189,7 +190,7 @@ def replay(env: Env, trace: EpisodeTrace, sources: list[str], meta: dict[str, An
     acts: list[ActEvent] = trace.of_type("act")
     spec = EpisodeSpec(Task.from_dict(trace.task), trace.arm or "policy", f"trace-{_run_key(trace)}")
     rec = Recorder(env, spec, meta)
-    if normalize_text(rec.obs.text) != normalize_text(start.observation):
+    if not exact(rec.obs.text, start.observation):
         raise ReplayMismatch("the reset observation differs from the traced first observation")
     for act, source in zip(acts, sources):
         action = traced_action(env, act)
@@ -197,7 +198,7 @@ def replay(env: Env, trace: EpisodeTrace, sources: list[str], meta: dict[str, An
             rec.note(action, act.observation, source)
         else:
             seen = rec.act(action, source).observation.text
-            if act.fault is None and normalize_text(seen) != normalize_text(act.observation):
+            if act.fault is None and not exact(seen, act.observation):
                 raise ReplayMismatch(f"step {act.step} ({act.action!r}): the env returned {seen[:80]!r} this time")
         rec.steps[-1].expectation = act.expectation
     end = trace.end

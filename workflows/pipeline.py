@@ -2,7 +2,7 @@
 
     simplan pipeline --config recipes/pipeline/toy-tiny.yaml          # the command (scripts/pipeline.py)
 
-    from simplan.inference.pipeline import Pipeline, PipelineConfig
+    from simplan.workflows.pipeline import Pipeline, PipelineConfig
     pipeline = Pipeline(PipelineConfig(out="runs/pipeline/toy", env="toy", model="tiny-llama", suite="toy-dev"))
     result = pipeline.run()             # PipelineResult: each stage's status and seconds, success by arm
     print(pipeline.summary())
@@ -13,7 +13,7 @@ one package that already depends on the other two (its engines load training's m
 has to import upward. It ends in the evaluation and its report, which live here too.
 
 Stages, in order; each calls its library function with the command's own config dataclasses, built as
-`simplan <command> --config RECIPE --key value ...` would build them (scripts/config.py `load_configs`):
+`simplan <command> --config RECIPE --key value ...` would build them (core/config.py `load_configs`):
 
     collect-train    trajectories of the train fold    out/data/train.jsonl        data.collect.collect(CollectConfig)
     collect-dev      trajectories of the dev fold      out/data/dev.jsonl          data.collect.collect(CollectConfig)
@@ -53,13 +53,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from simplan.core.config import load_configs
+from simplan.core.io import write_json
 from simplan.data.build import BuildConfig
 from simplan.data.collect import CollectConfig
-from simplan.data.io import write_json
 from simplan.envs.registry import UnknownEnvError
+from simplan.evaluation.runner import EvalConfig, FolderLockedError
 from simplan.inference.engines.config import MODEL_FREE_KINDS, EngineConfig
-from simplan.inference.evaluate import EvalConfig, FolderLockedError
-from simplan.scripts.config import load_configs
 from simplan.training.config import DataArguments, LoraArguments, ModelArguments, TrainArguments
 
 STAGES = (
@@ -131,7 +131,7 @@ class PipelineConfig:
 
 
 def check_stage_keys(cfg: Any, stages: tuple[str, ...]) -> None:
-    """The checks every pipeline's config shares (this one's, inference/flywheel.py's): stage names in
+    """The checks every pipeline's config shares (this one's, workflows/flywheel.py's): stage names in
     `stages`, `force` and `estimates`, and no eval/engine key that the pipeline sets itself."""
     for name in ("stages", "force"):
         bad = sorted(set(getattr(cfg, name) or []) - set(stages))
@@ -260,7 +260,8 @@ def run_collect(cfg: CollectConfig) -> str:
 
 
 def run_build(cfg: BuildConfig) -> str:
-    from simplan.data.build import build, stats_markdown
+    from simplan.data.build import build
+    from simplan.data.build_stats import stats_markdown
 
     result = build(cfg)
     stats = result.stats
@@ -292,8 +293,8 @@ def engine_info(cfg: EngineConfig) -> dict[str, str]:
 
 
 def run_eval(eval_cfg: EvalConfig, engine_cfg: EngineConfig) -> str:
+    from simplan.evaluation.runner import check_unlocked, errored_message, evaluate
     from simplan.inference.engines import engine_from_config, is_merged
-    from simplan.inference.evaluate import check_unlocked, errored_message, evaluate
 
     check_unlocked(Path(eval_cfg.out))  # before minutes of engine loading; evaluate() holds the lock
     print(f"eval: loading engine {engine_cfg.engine} {engine_cfg.model}", flush=True)
@@ -315,7 +316,7 @@ def run_eval(eval_cfg: EvalConfig, engine_cfg: EngineConfig) -> str:
 
 
 def run_report(run: Path, out: Path, title: str) -> str:
-    from simplan.inference.report import write_report
+    from simplan.evaluation.report import write_report
 
     return str(write_report([run], out, title=title)["html"])
 
@@ -323,10 +324,10 @@ def run_report(run: Path, out: Path, title: str) -> str:
 def resolve_base_model(name: str, fetch: bool = True) -> str:
     """A local folder for `name`; tiny-llama / tiny-qwen2 build a tiny random model (cached)."""
     if name.startswith(TINY_PREFIX):
-        from simplan.training.tiny import tiny_model
+        from simplan.models.tiny import tiny_model
 
         return str(tiny_model(name[len(TINY_PREFIX) :]))
-    from simplan.training.models import resolve_model
+    from simplan.models.registry import resolve_model
 
     return resolve_model(name, fetch=fetch)
 
@@ -335,7 +336,7 @@ def arm_success(run: Path) -> list[ArmSuccess]:
     """Successes per arm of an eval folder, from its traces (as the report counts them); [] before any."""
     if not (run / "traces.jsonl").exists():
         return []
-    from simplan.inference.report import load_run_data
+    from simplan.evaluation.report import load_run_data
 
     return [ArmSuccess(m.arm, m.successes, m.episodes, m.errored) for m in load_run_data(run).arms]
 
@@ -395,7 +396,7 @@ def duration(seconds: float) -> str:
 # The pipeline
 # ---------------------------------------------------------------------------------------------
 class Pipeline:
-    stage_names: tuple[str, ...] = STAGES  # in order; a subclass (inference/flywheel.py) runs its own
+    stage_names: tuple[str, ...] = STAGES  # in order; a subclass (workflows/flywheel.py) runs its own
 
     def __init__(self, cfg: PipelineConfig) -> None:
         self.cfg = cfg

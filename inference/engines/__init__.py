@@ -1,4 +1,4 @@
-"""Engine backends behind the inference/engine.py protocol, chosen by name.
+"""Engine backends behind the inference/engines/base.py protocol, chosen by name.
 
     from simplan.inference.engines import make_engine
     engine = make_engine("hf", "smollm2-135m-instruct", {"decider": "runs/decider", "simulator": "runs/sim"})
@@ -17,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from simplan.inference.engine import Engine
+from simplan.inference.engines.base import Engine
 from simplan.inference.engines.config import KINDS, MODEL_FREE_KINDS, EngineConfig, parse_adapters, resolve_merge
 
 # Options each backend accepts (make_engine rejects others by name instead of ignoring them).
@@ -79,7 +79,7 @@ def make_engine(
         from simplan.inference.engines.openai_client import OpenAIEngine
 
         engine = OpenAIEngine(model, list(named), **opts)
-    # Local adapter folders, where each adapter's prompt settings are read (inference/prompts.py); an
+    # Local adapter folders, where each adapter's prompt settings are read (inference/planning/prompts.py); an
     # openai engine has them when --adapters names local copies of the served adapters.
     engine.adapter_dirs = {name: path for name, path in named.items() if path and Path(path).is_dir()}
     return engine

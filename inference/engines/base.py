@@ -200,7 +200,7 @@ def backend_name(engine: Any) -> str:
 def _broken(engine: Any, tag: str, what: str) -> EngineContractError:
     return EngineContractError(
         f"{backend_name(engine)}: {what} (request tag {tag!r}); the engine backend broke its protocol "
-        "(inference/engine.py), fix or update the backend"
+        "(inference/engines/base.py), fix or update the backend"
     )
 
 

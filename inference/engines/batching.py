@@ -7,7 +7,7 @@
 
 The planning loop issues one engine call per decision; alone, a small model on a CPU or a GPU is
 starved by such small batches. `BatchingEngine` implements the engine protocol
-(inference/engine.py) for episode threads: each call is queued, and one dispatcher thread gathers
+(inference/engines/base.py) for episode threads: each call is queued, and one dispatcher thread gathers
 the calls that arrive within `window` seconds of the first, or until every active episode
 (`session()`) is waiting, whichever comes first, issues ONE underlying `generate` (and one `score`)
 over all of their requests, and hands each caller its own results with their own token counts.
@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from simplan.inference.engine import (
+from simplan.inference.engines.base import (
     Engine,
     EngineUsage,
     GenerationRequest,

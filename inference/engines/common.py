@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from simplan.data.format import prompt_text
-from simplan.inference.engine import (
+from simplan.inference.engines.base import (
     EngineUsage,
     GenerationRequest,
     GenerationResult,

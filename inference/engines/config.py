@@ -1,4 +1,4 @@
-"""Engine settings (one dataclass, parsed by scripts/config.py) and the vLLM CPU settings derived from them.
+"""Engine settings (one dataclass, parsed by core/config.py) and the vLLM CPU settings derived from them.
 
     (cfg,) = parse_config([EngineConfig], argv)
     engine = engine_from_config(cfg)          # see inference/engines/__init__.py
@@ -106,7 +106,7 @@ def parse_merge(value: bool | str) -> bool | str:
     """`merge_adapters` as a recipe or flag gives it -> "auto", True or False (flags spell bools as text).
 
     Explicit values stay bools, as the field held them before `auto` existed, so a finished pipeline
-    stage that set `merge_adapters: true` keeps its hash (inference/pipeline.py hashes changed fields).
+    stage that set `merge_adapters: true` keeps its hash (workflows/pipeline.py hashes changed fields).
     """
     if isinstance(value, bool):
         return value
@@ -155,7 +155,7 @@ def resolve_merge(cfg: EngineConfig) -> MergeChoice:
     if not runs_on_cpu(cfg):
         where = f"device {cfg.device}" if cfg.engine == "hf" else "vLLM's GPU build"
         return MergeChoice(False, f"auto: {where}, where LoRA costs little")
-    from simplan.training.models import resolve_model
+    from simplan.models.registry import resolve_model
 
     if not Path(resolve_model(cfg.model)).is_dir():
         return MergeChoice(False, f"auto: base model {cfg.model!r} is not a local folder")
@@ -166,7 +166,7 @@ def runs_on_cpu(cfg: EngineConfig) -> bool:
     """Whether `cfg`'s hf or vllm engine will run its model on the CPU."""
     if cfg.engine == "vllm":
         return vllm_on_cpu()
-    if cfg.device == "auto":  # as training/models.py pick_device resolves it
+    if cfg.device == "auto":  # as models/registry.py pick_device resolves it
         import torch
 
         return not torch.cuda.is_available()

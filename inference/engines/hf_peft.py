@@ -6,20 +6,20 @@
 
 Requests are grouped by adapter (and sampling settings); each group runs as left-padded batched
 `generate` calls with that adapter active (`set_adapter`), base-model requests under
-`disable_adapter()`. Constrained decoding supports `choices` exactly (every choice is scored with
-the model and the best one taken, or n are sampled from the choices' distribution); `regex` and
-`json_schema` go through xgrammar (the grammar engine vLLM uses, installed with it) as a logits
-processor, compiled once per pattern; JSON is generated compact (no free whitespace). Without
-xgrammar they raise NotImplementedError naming what to install.
+`disable_adapter()`. Constrained decoding supports `choices` exactly (every choice is scored and
+the best one taken, or n sampled), `regex` and `json_schema` through xgrammar
+(inference/engines/hf_constrained.py). Scoring runs a request's prompt once and its candidates after it
+as one token trie (inference/engines/token_trie.py).
 
-Prefix cache (`prefix_cache_sessions`, default 16; 0 turns it off). The planner's conversation prompts
-grow by one turn per step and every rollout branch of a step extends the same prompt, so most of a
-prompt was already prefilled by the session's previous call. Per live session (the request's
-`session`, the episode id) and adapter (the keys and values depend on the LoRA), the engine keeps the
-KV cache (a transformers DynamicCache) of the session's latest prompt; a new prompt prefills only the
-tokens after its longest common prefix with it (cropping the cache where the prompts diverge), and its
-cache replaces the old one. Sessions are evicted least-recently used beyond `prefix_cache_sessions`,
-and freed by `end_session` (the planner calls it when an episode ends). The rule under batching:
+Prefix cache (`prefix_cache_sessions`, default 16; 0 turns it off; inference/engines/prefix_cache.py).
+The planner's conversation prompts grow by one turn per step and every rollout branch of a step extends
+the same prompt, so most of a prompt was already prefilled by the session's previous call. Per live
+session (the request's `session`, the episode id) and adapter (the keys and values depend on the LoRA),
+the engine keeps the KV cache (a transformers DynamicCache) of the session's latest prompt; a new
+prompt prefills only the tokens after its longest common prefix with it (cropping the cache where the
+prompts diverge), and its cache replaces the old one. Sessions are evicted least-recently used beyond
+`prefix_cache_sessions`, and freed by `end_session` (the planner calls it when an episode ends). The
+rule under batching:
 
 - generate: when any request of a batch has a session, each prompt is prefilled alone from its own
   session's cache (cold for a request without one), the rows' caches less their last token are
@@ -45,14 +45,11 @@ Models whose cache is not a plain DynamicCache keep transformers' caches.
 from __future__ import annotations
 
 import contextlib
-import json
-import threading
-from collections import OrderedDict, defaultdict
+from collections import defaultdict
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from simplan.inference.engine import (
+from simplan.inference.engines.base import (
     Completion,
     EngineUsage,
     GenerationRequest,
@@ -70,56 +67,13 @@ from simplan.inference.engines.common import (
     timer,
     truncate_at_stop,
 )
+from simplan.inference.engines.hf_constrained import GrammarCache, grammar_key, pick_choices
 from simplan.inference.engines.kv_cache import CHUNK, GrowingLayer, growing_cache, stacked_cache
+from simplan.inference.engines.prefix_cache import Prefix, PrefixCache, common_prefix, crop, plain_dynamic_cache
+from simplan.inference.engines.token_trie import path_logprobs, token_trie, trie_attention
 
 BACKEND = "hf"
 TRIE_CANDIDATES = 256  # candidates scored in one token tree over a shared prompt (bounds its logits' memory)
-
-
-@dataclass
-class _Prefix:
-    tokens: list[int]  # the prompt tokens whose keys and values `kv` holds
-    kv: Any  # transformers DynamicCache of batch size 1
-
-
-class PrefixCache:
-    """Per session and adapter, the KV cache of the session's latest prompt; least-recently used sessions
-    are evicted beyond `sessions`. Thread-safe (episode threads end sessions while a batching thread runs)."""
-
-    def __init__(self, sessions: int) -> None:
-        self.sessions = sessions
-        self._lock = threading.Lock()
-        self._entries: OrderedDict[str, dict[str | None, _Prefix]] = OrderedDict()
-
-    def take(self, session: str, adapter: str | None) -> _Prefix | None:
-        """Remove and return the session's prefix for `adapter`: the caller extends its cache in place and
-        `put`s it back, so no other call can see it half-updated."""
-        with self._lock:
-            entry = self._entries.get(session)
-            return entry.pop(adapter, None) if entry is not None else None
-
-    def put(self, session: str, adapter: str | None, prefix: _Prefix) -> None:
-        with self._lock:
-            self._entries.setdefault(session, {})[adapter] = prefix
-            self._entries.move_to_end(session)
-            while len(self._entries) > self.sessions:
-                self._entries.popitem(last=False)
-
-    def end(self, session: str) -> None:
-        with self._lock:
-            self._entries.pop(session, None)
-
-    def tokens(self, session: str) -> dict[str | None, int]:
-        """Cached prompt tokens per adapter of `session` (empty when it holds nothing)."""
-        with self._lock:
-            return {a: len(p.tokens) for a, p in self._entries.get(session, {}).items()}
-
-    def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
-
-    def __len__(self) -> int:
-        return len(self._entries)
 
 
 class HFPeftEngine:
@@ -139,7 +93,7 @@ class HFPeftEngine:
         import torch
         from transformers import AutoModelForCausalLM, DynamicCache
 
-        from simplan.training.models import load_tokenizer, pick_device, resolve_model
+        from simplan.models.registry import load_tokenizer, pick_device, resolve_model
 
         if prefix_cache_sessions < 0:
             raise ValueError(
@@ -168,12 +122,11 @@ class HFPeftEngine:
                 self.model.load_adapter(adapter_path, adapter_name=name)
         self.model.eval()
         self.vocab_size = int(base.config.vocab_size)
-        self._grammars: dict[tuple[str, str], Any] = {}  # (kind, pattern) -> xgrammar CompiledGrammar
-        self._grammar_compiler: Any = None
         self.eos_id = self.tokenizer.eos_token_id
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_id
+        self.grammars = GrammarCache(self.tokenizer, self.vocab_size, self.eos_id, BACKEND)
         self.config = base.config
-        plain = _plain_dynamic_cache(base.config)
+        plain = plain_dynamic_cache(base.config)
         self.prefixes = PrefixCache(prefix_cache_sessions) if prefix_cache_sessions > 0 and plain else None
         # Decode into preallocated KV buffers instead of DynamicCache's per-token torch.cat of the whole cache
         # (kv_cache.py); only for plain full-attention caches, the ones GrowingLayer replaces exactly.
@@ -203,7 +156,7 @@ class HFPeftEngine:
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         for r in requests:
             check_adapter(r.adapter, self.adapters, BACKEND)
-            self._grammar(r)  # compile (or refuse) before any work
+            self.grammars.get(r)  # compile (or refuse) before any work
         results: list[GenerationResult | None] = [None] * len(requests)
         with timer() as t:
             free: dict[tuple, list[int]] = defaultdict(list)
@@ -220,7 +173,7 @@ class HFPeftEngine:
                         tuple(r.stop),
                         r.seed,
                         r.logprobs,
-                        _grammar_key(r),
+                        grammar_key(r),
                     )
                     free[key].append(i)
             for idx in free.values():
@@ -234,31 +187,6 @@ class HFPeftEngine:
             r.seconds = t[0] / len(out)
         account(self.usage, out, t[0])
         return out
-
-    def _grammar(self, r: GenerationRequest) -> Any:
-        """The compiled xgrammar grammar of a regex / json_schema request (cached), or None."""
-        key = _grammar_key(r)
-        if key is None:
-            return None
-        if key not in self._grammars:
-            try:
-                import xgrammar as xgr
-            except ImportError as e:
-                raise NotImplementedError(
-                    f"{BACKEND} backend: constrained decoding by {key[0]} needs xgrammar (pip install xgrammar, or "
-                    "install vllm, which brings it); or use choices=, or the vllm / openai backend"
-                ) from e
-            if self._grammar_compiler is None:
-                info = xgr.TokenizerInfo.from_huggingface(
-                    self.tokenizer, vocab_size=self.vocab_size, stop_token_ids=[self.eos_id]
-                )
-                self._grammar_compiler = xgr.GrammarCompiler(info)
-            kind, pattern = key
-            if kind == "regex":
-                self._grammars[key] = self._grammar_compiler.compile_regex(pattern)
-            else:
-                self._grammars[key] = self._grammar_compiler.compile_json_schema(pattern, any_whitespace=False)
-        return self._grammars[key]
 
     def _left_pad(self, rows: Sequence[list[int]]) -> tuple[Any, Any]:
         width = max(len(r) for r in rows)
@@ -291,7 +219,7 @@ class HFPeftEngine:
             return_dict_in_generate=True,
             output_logits=r0.logprobs,
         )
-        grammar = self._grammar(r0)
+        grammar = self.grammars.get(r0)
         processors = None
         if grammar is not None:
             from xgrammar.contrib.hf import LogitsProcessor
@@ -360,12 +288,12 @@ class HFPeftEngine:
         prefix = self.prefixes.take(session, adapter) if self.prefixes is not None and session else None
         reuse = 0
         if prefix is not None:
-            reuse = _common_prefix(prefix.tokens, ids)
+            reuse = common_prefix(prefix.tokens, ids)
             if need_logits:
                 reuse = min(reuse, len(ids) - 1)
         if reuse > 0:
             kv = prefix.kv
-            _crop(kv, reuse)
+            crop(kv, reuse)
         elif self.growing_kv:
             kv = growing_cache(self._kv_layers, spare=self.kv_spare)
         else:
@@ -383,7 +311,7 @@ class HFPeftEngine:
             for layer in kv.layers:
                 if isinstance(layer, GrowingLayer):
                     layer.trim(self.kv_spare)  # a prompt cropped short keeps no long prompt's buffer
-            self.prefixes.put(session, adapter, _Prefix(list(ids), kv))
+            self.prefixes.put(session, adapter, Prefix(list(ids), kv))
         return kv, logits, reuse
 
     def _stacked_prefill(self, reqs: list[GenerationRequest], prompts: list[list[int]]) -> tuple[Any, list[int]]:
@@ -443,18 +371,7 @@ class HFPeftEngine:
             ]
         )
         lp = torch.tensor(scored.logprobs, dtype=torch.float64)
-        if r.temperature <= 0:
-            picks = [int(lp.argmax())] * r.n
-        else:
-            probs = torch.softmax(lp / r.temperature, dim=0)
-            if r.top_p < 1.0:
-                order = torch.argsort(probs, descending=True)
-                cum = torch.cumsum(probs[order], 0)
-                drop = order[(cum - probs[order]) >= r.top_p]  # keep the smallest set reaching top_p
-                probs[drop] = 0.0
-                probs /= probs.sum()
-            gen = torch.Generator().manual_seed(r.seed) if r.seed is not None else None
-            picks = torch.multinomial(probs, r.n, replacement=True, generator=gen).tolist()
+        picks = pick_choices(lp, r)
         comps = [
             Completion(
                 text=r.choices[k],
@@ -528,16 +445,9 @@ class HFPeftEngine:
         start = rows[0].start
         prompt = rows[0].ids[:start]
         assert all(r.start == start and r.ids[:start] == prompt for r in rows), "rows must share their prompt"
-        tokens, parents, paths = _token_trie([r.ids[start:] for r in rows])
+        tokens, parents, paths = token_trie([r.ids[start:] for r in rows])
         n = len(tokens)
-        depth = [0] * n
-        allowed = torch.zeros(n, start + n, dtype=torch.bool)
-        allowed[:, :start] = True
-        for i, parent in enumerate(parents):  # parents come before their children
-            if parent >= 0:
-                depth[i] = depth[parent] + 1
-                allowed[i, start : start + n] = allowed[parent, start : start + n]
-            allowed[i, start + i] = True
+        depth, allowed = trie_attention(parents, start)
         dev = self.device
         dtype = self.model.dtype
         mask = torch.zeros(1, 1, n, start + n, dtype=dtype)
@@ -552,16 +462,11 @@ class HFPeftEngine:
                     past_key_values=kv,
                 ).logits.float()
             finally:
-                _crop(kv, start)  # the trie's tokens off again: the cache may be the session's prefix
+                crop(kv, start)  # the trie's tokens off again: the cache may be the session's prefix
         # The prompt's last position predicts each first token; trie node i predicts its children.
         first = torch.log_softmax(last.float(), dim=-1).cpu()
         logps = torch.log_softmax(logits[0], dim=-1).cpu()
-        result = []
-        for path in paths:
-            total = first[tokens[path[0]]]
-            for parent, child in zip(path, path[1:]):
-                total = total + logps[parent, tokens[child]]
-            result.append(float(total))
+        result = path_logprobs(tokens, paths, first, logps)
         return result, reused
 
     def _row_logprobs(self, rows: list[ScoreRow]) -> list[float]:
@@ -589,58 +494,3 @@ class HFPeftEngine:
         if self.prefixes is not None:
             self.prefixes.clear()
         self.model = None
-
-
-def _grammar_key(r: GenerationRequest) -> tuple[str, str] | None:
-    if r.regex is not None:
-        return ("regex", r.regex)
-    if r.json_schema is not None:
-        return ("json", json.dumps(r.json_schema, sort_keys=True))
-    return None
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
-def _crop(kv: Any, length: int) -> None:
-    """Cut a DynamicCache to its first `length` tokens (Cache.crop takes the number to remove)."""
-    extra = kv.get_seq_length() - length
-    if extra > 0:
-        kv.crop(-extra)
-
-
-def _plain_dynamic_cache(config: Any) -> bool:
-    """Whether the model's DynamicCache is made of plain full-attention layers, the only ones the prefix cache
-    crops and stacks (sliding-window or linear-attention layers keep states it cannot cut back)."""
-    from transformers import DynamicCache
-    from transformers.cache_utils import DynamicLayer
-
-    return all(type(layer) is DynamicLayer for layer in DynamicCache(config=config).layers)
-
-
-def _token_trie(tails: list[list[int]]) -> tuple[list[int], list[int], list[list[int]]]:
-    """The candidates' token sequences as a trie: (token per node, parent node or -1, each tail's node path).
-
-    Nodes are numbered in insertion order, so a parent always precedes its children."""
-    tokens: list[int] = []
-    parents: list[int] = []
-    children: dict[tuple[int, int], int] = {}
-    paths: list[list[int]] = []
-    for tail in tails:
-        node, path = -1, []
-        for token in tail:
-            key = (node, token)
-            if key not in children:
-                children[key] = len(tokens)
-                tokens.append(token)
-                parents.append(node)
-            node = children[key]
-            path.append(node)
-        paths.append(path)
-    return tokens, parents, paths

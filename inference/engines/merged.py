@@ -33,7 +33,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from simplan.inference.engine import (
+from simplan.inference.engines.base import (
     Engine,
     EngineUsage,
     GenerationRequest,
@@ -82,7 +82,7 @@ def merge_cache() -> Path:
     A variable of its own (not $SIMPLAN_CACHE, which also finds the converted base models) lets tests
     and scratch runs keep their merges out of the user's cache while still using the cached base model.
     """
-    from simplan.training.models import cache_dir
+    from simplan.models.registry import cache_dir
 
     if os.environ.get(MERGE_CACHE_ENV):
         return Path(os.environ[MERGE_CACHE_ENV]).expanduser()
@@ -99,9 +99,9 @@ def merged_model(base_path: str, adapter_dir: str, cache: str | Path | None = No
     from peft import PeftModel
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from simplan.core.io import atomic_dir, write_json
     from simplan.data.episode import SETTINGS_FILE  # the adapter's prompt layout, copied alongside
-    from simplan.data.io import atomic_dir, write_json
-    from simplan.training.models import load_tokenizer
+    from simplan.models.registry import load_tokenizer
 
     adapter = Path(adapter_dir)
     if not (adapter / "adapter_config.json").exists():
@@ -138,7 +138,7 @@ class MergedEngine:
     def __init__(
         self, kind: str, model: str, adapters: dict[str, str], cache: str | Path | None = None, **opts: Any
     ) -> None:
-        from simplan.training.models import load_tokenizer, resolve_model
+        from simplan.models.registry import load_tokenizer, resolve_model
 
         if kind not in MERGED_KINDS:
             raise ValueError(

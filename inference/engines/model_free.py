@@ -3,7 +3,7 @@
     simplan eval --suite toy-dev --arms reactive --engine expert --out runs/eval/toy-expert   # a sanity run
     simplan run --env shop --arm reactive --engine random
 
-They answer the planner's decider requests (inference/engine.py) from the real episode rather than from
+They answer the planner's decider requests (inference/engines/base.py) from the real episode rather than from
 the prompt: `Planner` binds such an engine to its env (`ModelFreeEngine.bind`), which returns a decider
 for that env and the env wrapped in a `WatchedEnv` that tells the decider about each reset and step.
 
@@ -25,9 +25,9 @@ import random
 import re
 from typing import Any
 
-from simplan.data.format import render_action
+from simplan.envs.actions import render_action
 from simplan.envs.base import Action, Env, Observation, StepResult, Task, action_key_of_text
-from simplan.inference.engine import (
+from simplan.inference.engines.base import (
     Completion,
     EngineUsage,
     GenerationRequest,

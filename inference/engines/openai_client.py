@@ -18,7 +18,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from simplan.inference.engine import (
+from simplan.inference.engines.base import (
     Completion,
     EngineUsage,
     GenerationRequest,
@@ -57,7 +57,7 @@ class OpenAIEngine:
     ) -> None:
         import openai
 
-        from simplan.training.models import load_tokenizer
+        from simplan.models.registry import load_tokenizer
 
         self.model = model
         self.adapters = list(adapters or [])

@@ -1,6 +1,6 @@
 """Deterministic engines for tests, examples and loop benchmarks: outputs are functions of the prompt.
 
-`ScriptedEngine` implements the engine protocol (inference/engine.py) with plain Python callables
+`ScriptedEngine` implements the engine protocol (inference/engines/base.py) with plain Python callables
 that map a request (and the content of its last user message) to completions, records every
 batched call, and can sleep to imitate a real model's latency. `ToyOracle` supplies such
 callables for the toy env (envs/toy.py): a decider that plays the expert and a simulator that
@@ -25,7 +25,7 @@ from simplan.data.episode import PromptSettings, write_settings
 from simplan.data.format import ERROR_MARK, SECTION_ACTION, SECTION_HISTORY, SECTION_OBSERVATION
 from simplan.envs.base import Action, Task
 from simplan.envs.toy import ToyEnv
-from simplan.inference.engine import (
+from simplan.inference.engines.base import (
     Completion,
     EngineUsage,
     GenerationRequest,

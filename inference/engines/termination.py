@@ -1,6 +1,6 @@
 """SIGTERM and SIGHUP as SystemExit, so a killed process still stops the children it started.
 
-    from simplan.inference.termination import exit_on_termination
+    from simplan.inference.engines.termination import exit_on_termination
     exit_on_termination()  # in the main thread, before starting vLLM (VLLMEngine and start_server call it)
 
 Python's default action for SIGTERM (`kill PID`, `timeout`, a job scheduler) and SIGHUP (the terminal closed)

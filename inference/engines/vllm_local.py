@@ -7,7 +7,7 @@
 Scripts that create this engine need an `if __name__ == "__main__":` guard: vLLM starts its
 engine core in a child process that re-imports `__main__`. Creating the engine (in the main thread)
 turns SIGTERM and SIGHUP into SystemExit unless a handler is set already, so a killed script still
-stops that child (inference/termination.py). Prompts go in as token ids built by
+stops that child (inference/engines/termination.py). Prompts go in as token ids built by
 inference/engines/common.py, so they are byte-identical to the HF backend and to training rows.
 Constrained decoding uses `StructuredOutputsParams(choice=|regex=|json=)`; vLLM 0.32 silently
 ignores the legacy `guided_*` fields. vLLM's `choice` is decoded token by token under a grammar
@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from simplan.inference.engine import (
+from simplan.inference.engines.base import (
     Completion,
     EngineUsage,
     GenerationRequest,
@@ -59,11 +59,11 @@ class VLLMEngine:
         enforce_eager: bool = False,
         seed: int = 0,
     ) -> None:
-        from simplan.inference.termination import exit_on_termination
-        from simplan.training.models import load_tokenizer, resolve_model
+        from simplan.inference.engines.termination import exit_on_termination
+        from simplan.models.registry import load_tokenizer, resolve_model
 
         # Before LLM() spawns the engine core: vLLM stops that process from an exit-time finalizer, which a
-        # SIGTERM with its default action skips, leaving it spinning (inference/termination.py).
+        # SIGTERM with its default action skips, leaving it spinning (inference/engines/termination.py).
         exit_on_termination()
         # Must precede the vllm import and LLM(): vllm.envs and the engine-core child process read them.
         apply_env(vllm_cpu_env(kv_cache_gib=kv_cache_gib, reserved_cpus=reserved_cpus, threads=threads))

@@ -1,4 +1,4 @@
-"""The compared agents ("arms") as presets of the one planning loop (inference/planner.py).
+"""The compared agents ("arms") as presets of the one planning loop (inference/planning/planner.py).
 
     reactive  K=1, H=0: the decider picks each action from the real state; no simulation, no pivots
               (the episode still ends on its step/token budgets).
@@ -7,12 +7,12 @@
     simplan   simulate + pivot: imagine, commit, execute while reality matches the expectations, pivot
               (drop the queue, note the failure, replan) when a rule fires; skip simulation when the
               decider is confident (adaptive horizon).
-    simplan-oracle  simplan whose simulator is the real env replayed (`simulator: env`, inference/oracle.py):
+    simplan-oracle  simplan whose simulator is the real env replayed (`simulator: env`, inference/planning/oracle.py):
               how much a perfect simulator would buy; not among `simplan eval`'s default arms.
     simplan-always  simplan that simulates every decision (no adaptive skip): the baseline of the router.
     simplan-router  simplan with the selective router (`router: selective`): simulate where the simulator's
               measured accuracy on the verb or an unsure decider says it can pay, act reactively elsewhere;
-              needs the simulator's simulator_accuracy.json (inference/sim_accuracy.py).
+              needs the simulator's simulator_accuracy.json (inference/planning/sim_accuracy.py).
 
 A preset fills only the PlannerConfig fields left at None, so `--arm simplan --horizon 5` keeps
 the flag. `simplan run --arm NAME --help` lists every field.
@@ -26,7 +26,7 @@ ARM_PRESETS: dict[str, dict[str, Any]] = {
     "reactive": {"k": 1, "horizon": 0, "pivots": False, "adaptive": False},
     "plan": {"k": 3, "horizon": 5, "pivots": False, "adaptive": False},
     "simplan": {"k": 3, "horizon": 3, "pivots": True, "adaptive": True},
-    # The ablation's upper bound: simplan whose imagination is answered by the real env (inference/oracle.py).
+    # The ablation's upper bound: simplan whose imagination is answered by the real env (inference/planning/oracle.py).
     "simplan-oracle": {"k": 3, "horizon": 3, "pivots": True, "adaptive": True, "simulator": "env"},
     # The router's comparison (issue: trust the simulator where it is right): always simulate vs selective.
     "simplan-always": {"k": 3, "horizon": 3, "pivots": True, "adaptive": False},

@@ -1,14 +1,14 @@
-"""Settings of the planning loop and the per-task budgets they imply (used by inference/planner.py).
+"""Settings of the planning loop and the per-task budgets they imply (used by inference/planning/planner.py).
 
     config = PlannerConfig(arm="simplan", k=4, horizon=3)      # None fields come from the arm preset
     budgets = Router(config).budgets(task)                      # family_budgets applied for task.family
     route = Router(config, table).route(budgets, margin, steps_left, degraded="", verb="take")
 
 `router: selective` simulates a decision only where it can pay (the simulator's measured accuracy on
-the top candidate's verb, inference/sim_accuracy.py, or an uncertain decider) and acts reactively elsewhere.
+the top candidate's verb, inference/planning/sim_accuracy.py, or an uncertain decider) and acts reactively elsewhere.
 
 Every field has a default and a help string, so `simplan run` / `simplan eval` parse them from YAML
-recipes and flags; `__post_init__` fills the arm preset (inference/arms.py) and rejects bad values
+recipes and flags; `__post_init__` fills the arm preset (inference/planning/arms.py) and rejects bad values
 naming the field.
 """
 
@@ -17,13 +17,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from simplan.core.text import SIMILARITIES
 from simplan.data.episode import FORMATS, PromptSettings
 from simplan.data.format import DEFAULT_MAX_FAILURES, DEFAULT_MAX_HISTORY
 from simplan.envs.base import Task
-from simplan.inference.arms import ARMS, arm_preset
-from simplan.inference.judge import JudgeWeights, compile_patterns
-from simplan.inference.pivots import SIMILARITIES
-from simplan.inference.sim_accuracy import ACCURACY_FILE, SimulatorAccuracy
+from simplan.inference.planning.arms import ARMS, arm_preset
+from simplan.inference.planning.judge import JudgeWeights, compile_patterns
+from simplan.inference.planning.sim_accuracy import ACCURACY_FILE, SimulatorAccuracy
 
 DEFAULT_BUDGET = PromptSettings().budget
 PROPOSE_MODES = ("auto", "score", "sample")
@@ -40,7 +40,7 @@ def _help(text: str) -> dict[str, str]:
 
 @dataclass
 class PlannerConfig:
-    """Settings of the planning loop. Fields left at None come from the arm preset (inference/arms.py)."""
+    """Settings of the planning loop. Fields left at None come from the arm preset (inference/planning/arms.py)."""
 
     arm: str = field(default="simplan", metadata=_help(f"agent arm: {', '.join(ARMS)}"))
     k: int | None = field(default=None, metadata=_help("candidate first actions per decision (arm preset)"))
@@ -97,13 +97,13 @@ class PlannerConfig:
         default=None,
         metadata=_help(
             "who predicts imagined observations: model (the simulator adapter) or env (an oracle replaying the "
-            "real env, inference/oracle.py); None: the arm preset's, else model"
+            "real env, inference/planning/oracle.py); None: the arm preset's, else model"
         ),
     )
     decider_adapter: str = field(default="decider", metadata=_help("engine adapter of the decider ('' = base)"))
     simulator_adapter: str = field(default="simulator", metadata=_help("engine adapter of the simulator ('' = base)"))
     # Prompt settings: None reads them from the adapters (prompt_settings.json, saved by `simplan train`);
-    # a value that contradicts an adapter's is an error (inference/prompts.py).
+    # a value that contradicts an adapter's is an error (inference/planning/prompts.py).
     prompt_format: str | None = field(
         default=None, metadata=_help("conversation or step; None: the adapters' (step for the base model)")
     )

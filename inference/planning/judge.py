@@ -1,6 +1,6 @@
 """Judge imagined rollouts with explicit, logged score parts; detect error-like observations.
 
-Used by the planner (inference/planner.py) after imagination and by the ErrorObservation pivot
+Used by the planner (inference/planning/planner.py) after imagination and by the ErrorObservation pivot
 rule. No model is involved: every part is a rule over the predicted texts and the episode's
 memory, so a trace shows exactly why a plan won.
 
@@ -50,6 +50,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from simplan.core.text import normalize
 from simplan.data.format import episode_verdict
 from simplan.envs.base import StepResult, env_extra
 
@@ -175,10 +176,6 @@ def is_finish(action_key: str) -> bool:
     return action_key == FINISH_KEY or action_key.startswith(FINISH_KEY + "(")
 
 
-def _norm(text: str) -> str:
-    return " ".join((text or "").lower().split())
-
-
 def trust(mean_logprob: float | None, weight: float) -> float:
     """The factor of a predicted outcome's parts: 1 - weight * (1 - geometric mean token probability); 1 when
     the confidence is unknown or the weight is 0."""
@@ -265,7 +262,7 @@ class Judge:
                 met = finish_verdict if real else self.goal_met(obs)
                 premature += (d if real else d * t) if met is False else 0.0
             # A repeat is the same action with the same outcome (walking on down a corridor is not one).
-            pair = (key, _norm(obs) if obs is not None else None)
+            pair = (key, normalize(obs) if obs is not None else None)
             if pair in seen_in_rollout or (obs is not None and pair in memory.seen_pairs):
                 repeat += d
             seen_in_rollout.add(pair)

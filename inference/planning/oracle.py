@@ -10,7 +10,7 @@ From the command line: `simplan eval --arms reactive,simplan,simplan-oracle,plan
 
 How a prediction is made: a copy of the env is reset to the task and steps the episode's real actions,
 then the imagined ones; the last step's result is the prediction: its observation, and the env's verdict
-(done, won, score, reward), which the judge weighs (inference/judge.py Outcome). This needs an env whose
+(done, won, score, reward), which the judge weighs (inference/planning/judge.py Outcome). This needs an env whose
 reset is deterministic per task and whose steps are deterministic (TWX, ScienceWorld, BFCL and the toy
 env are: tests/test_oracle.py checks each against the real steps). Replays are what cost, so:
 
@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from simplan.envs.base import Action, Env, Observation, StepResult, Task
 from simplan.envs.limits import LimitedEnv, make_limited
 
-# Fault kinds whose action did not run (inference/faults.py): a replay must not step them.
+# Fault kinds whose action did not run (evaluation/faults.py): a replay must not step them.
 NOT_EXECUTED_FAULTS = ("transient", "tool_error")
 DEFAULT_TIME_LIMIT = 60.0  # seconds per prediction: a ScienceWorld reset + 50-step replay takes ~10 s
 
@@ -200,7 +200,7 @@ class EnvOracle:
 
 
 def executed_actions(actions: Sequence[Action], faults: Sequence[str | None]) -> list[Action]:
-    """The real actions that ran: those whose step had no injected fault that skipped it (inference/faults.py)."""
+    """The real actions that ran: those whose step had no injected fault that skipped it (evaluation/faults.py)."""
     if len(actions) != len(faults):
         raise ValueError(f"executed_actions: {len(actions)} actions but {len(faults)} fault flags")
     return [a for a, f in zip(actions, faults) if f not in NOT_EXECUTED_FAULTS]

@@ -19,7 +19,7 @@ Rules (default severities):
     score_drop              error   the score fell by more than `min_drop`
     budget_nearly_exhausted warning the step or token budget crossed a fraction of its limit
 
-The planner adds one check of its own before each queued action (inference/planner.py):
+The planner adds one check of its own before each queued action (inference/planning/planner.py):
     not_valid_now           error   the next planned action is not among the real state's valid actions
 and one after each real step, before the monitor:
     transient_error         error   the action failed in a way the env calls transient (its
@@ -30,51 +30,14 @@ and one after each real step, before the monitor:
 
 from __future__ import annotations
 
-import difflib
 import re
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from simplan.inference.judge import looks_like_error
-from simplan.inference.trace import SEVERITIES, PivotEvent, normalize_text
-
-SIMILARITIES = ("token_f1", "ratio")
-
-
-def similarity(expected: str, observed: str, method: str = "token_f1") -> float:
-    """Similarity of two observations in [0, 1] after `normalize_text` (1.0 = identical).
-
-    token_f1: F1 of the multisets of word tokens, robust to small rewordings and order changes.
-              Punctuation is not counted: on a short observation the commas, quotes and period two texts
-              share would make different contents look alike (TWX simonsays: "Simon says, 'slice olive'."
-              against the predicted "Simon says, 'touch banana'." is 0.5, not 0.75 with punctuation).
-    ratio:    difflib's character-level ratio.
-    Two empty texts are identical (1.0); one empty text against a non-empty one is 0.0.
-    """
-    a, b = normalize_text(expected), normalize_text(observed)
-    if a == b:
-        return 1.0
-    if not a or not b:
-        return 0.0
-    if method == "ratio":
-        return difflib.SequenceMatcher(None, a, b, autojunk=False).ratio()
-    if method != "token_f1":
-        raise ValueError(f"similarity method {method!r} is not one of {SIMILARITIES}")
-    ta, tb = _tokens(a), _tokens(b)
-    common = sum((Counter(ta) & Counter(tb)).values())
-    if common == 0:
-        return 0.0
-    precision, recall = common / len(ta), common / len(tb)
-    return 2 * precision * recall / (precision + recall)
-
-
-_TOKEN = re.compile(r"\w+")
-
-
-def _tokens(text: str) -> list[str]:
-    return _TOKEN.findall(text)
+from simplan.core.text import SIMILARITIES, normalize, similarity
+from simplan.inference.planning.judge import looks_like_error
+from simplan.inference.planning.trace import SEVERITIES, PivotEvent
 
 
 @dataclass
@@ -250,8 +213,8 @@ class RepeatedAction:
             if rec.action_key != last.action_key:
                 break
             run += 1
-        obs = normalize_text(last.observation)
-        pair = sum(r.action_key == last.action_key and normalize_text(r.observation) == obs for r in ctx.history)
+        obs = normalize(last.observation)
+        pair = sum(r.action_key == last.action_key and normalize(r.observation) == obs for r in ctx.history)
         if run < self.limit and pair < self.limit:
             return None
         kind = "in a row" if run >= self.limit else "with the same observation"

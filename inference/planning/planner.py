@@ -1,9 +1,9 @@
 """The planning loop: imagine, judge, commit, act and watch, pivot, finish (docs/architecture.md).
 
-One loop, three arms (inference/arms.py): `reactive` (K=1, H=0), `plan` (open-loop) and `simplan`
+One loop, three arms (inference/planning/arms.py): `reactive` (K=1, H=0), `plan` (open-loop) and `simplan`
 (simulate + pivot). The loop talks to the models only through the engine protocol
-(inference/engine.py), renders every prompt with data/format.py, parses every model output with
-the env's own `parse_action`, and writes a full trace (inference/trace.py).
+(inference/engines/base.py), renders every prompt with data/format.py, parses every model output with
+the env's own `parse_action`, and writes a full trace (inference/planning/trace.py).
 
     planner = Planner(engine, env, PlannerConfig(arm="simplan"))
     result = planner.run(task)                 # EpisodeResult(trace, summary)
@@ -18,18 +18,18 @@ From the command line: `simplan run --env toy --task corridor-100 --arm simplan 
    (state, action), each with the simulator's confidence (mean token logprob). The router
    (planner_config.Router) sets the depth: 0 when the decider is confident (adaptive), or with
    `router: selective` wherever the simulator is unreliable on the top candidate's verb and the
-   decider is sure (inference/sim_accuracy.py): the top action is then taken with no simulator call.
+   decider is sure (inference/planning/sim_accuracy.py): the top action is then taken with no simulator call.
    With simulator "env" the env oracle answers, with its verdict (done, won, score); a simulator
    trained with verdicts (PromptSettings.verdicts) says "[episode over: won|lost]" on its reply's last
    line, split off into the same verdict. A rollout ends at a step that ends the episode.
-2. Judge: inference/judge.py scores each rollout with explicit parts; all are logged.
+2. Judge: inference/planning/judge.py scores each rollout with explicit parts; all are logged.
 3. Commit: the best rollout's actions are queued with their expectations (predicted observations),
    cut before the first predicted error or a step predicted to lose (a verdict, from the env or the simulator).
 4. Act and watch: queued actions run for real with no model calls while nothing fires. Before each
    queued action after a plan's first, when the env lists all valid actions, it must be among
    them (pivot `not_valid_now`): a plan made for an imagined state is not tried in a real state
    where it cannot apply.
-5. Pivot: rules of inference/pivots.py (after each real step) and `not_valid_now` (before one);
+5. Pivot: rules of inference/planning/pivots.py (after each real step) and `not_valid_now` (before one);
    a fired pivot drops the queue and replans from the real state (within the replan budget; once it
    is spent the loop goes on one decided action at a time, or stops with `on_replan_budget=stop`); one
    whose real action failed also writes a failure note into the prompt's failure memory and bans
@@ -56,6 +56,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from simplan.core.text import normalize, similarity
 from simplan.data.episode import EpisodeState
 from simplan.data.format import (
     Messages,
@@ -63,11 +64,11 @@ from simplan.data.format import (
     chat_token_counter,
     decider_messages,
     failure_note,
-    render_action,
     simulator_messages,
     split_verdict,
     state_from_steps,
 )
+from simplan.envs.actions import render_action
 from simplan.envs.base import (
     Action,
     ActionParseError,
@@ -79,7 +80,7 @@ from simplan.envs.base import (
     env_extra,
     missing_from_complete_list,
 )
-from simplan.inference.engine import (
+from simplan.inference.engines.base import (
     Engine,
     GenerationRequest,
     GenerationResult,
@@ -87,7 +88,8 @@ from simplan.inference.engine import (
     ScoreRequest,
 )
 from simplan.inference.engines.model_free import ModelFreeEngine
-from simplan.inference.judge import (
+from simplan.inference.planning.config import Budgets, PlannerConfig, Router, load_simulator_accuracy
+from simplan.inference.planning.judge import (
     DEFAULT_ERROR_PATTERNS,
     DEFAULT_PROGRESS_PATTERNS,
     Judge,
@@ -96,21 +98,19 @@ from simplan.inference.judge import (
     env_patterns,
     is_finish,
 )
-from simplan.inference.oracle import EnvOracle, OracleError, executed_actions, same_env_factory
-from simplan.inference.pivots import (
+from simplan.inference.planning.oracle import EnvOracle, OracleError, executed_actions, same_env_factory
+from simplan.inference.planning.pivots import (
     PivotContext,
     PivotMonitor,
     PivotRule,
     StepRecord,
     TransientError,
     default_rules,
-    similarity,
 )
-from simplan.inference.planner_config import Budgets, PlannerConfig, Router, load_simulator_accuracy
-from simplan.inference.prompt_fit import PromptFitter, approx_token_counter, locked
-from simplan.inference.prompts import PlannerPrompts
-from simplan.inference.sim_accuracy import action_verb
-from simplan.inference.trace import (
+from simplan.inference.planning.prompt_fit import PromptFitter, approx_token_counter, locked
+from simplan.inference.planning.prompts import PlannerPrompts
+from simplan.inference.planning.sim_accuracy import action_verb
+from simplan.inference.planning.trace import (
     ActEvent,
     CandidateRecord,
     CommitEvent,
@@ -123,7 +123,6 @@ from simplan.inference.trace import (
     PlanItem,
     ReplanEvent,
     TraceEvent,
-    normalize_text,
     summarize,
 )
 
@@ -301,7 +300,7 @@ class Planner:
         self.cache: dict[tuple[str, str], tuple[str, float | None]] = {}
         self._can_score = True
         self._unsupported: set[str] = set()  # constrained-decoding kinds the backend refused
-        # simulator "env": the real env, replayed on copies, answers imagination (inference/oracle.py); one
+        # simulator "env": the real env, replayed on copies, answers imagination (inference/planning/oracle.py); one
         # copy per candidate, so each rollout goes on from its own copy instead of replaying from the reset.
         self.oracle: EnvOracle | None = None
         if config.simulator == "env":
@@ -520,7 +519,7 @@ class Planner:
         error = bool(obs.error)
         ep.past.append((item.action, obs.text, error))
         ep.records.append(StepRecord(item.action.key(), obs.text, float(result.score), error))
-        ep.memory.seen_pairs.add((item.action.key(), normalize_text(obs.text)))
+        ep.memory.seen_pairs.add((item.action.key(), normalize(obs.text)))
         ep.score = float(result.score)
         ep.since_replan += 1
         m = ep.meter
@@ -555,7 +554,7 @@ class Planner:
             m.completion_tokens,
         )
         ep.cached_at_last_act = m.cached_tokens
-        # The goal changes as collection records it (data/collect.py): when it differs from the first one.
+        # The goal changes as collection records it (data/recorder.py): when it differs from the first one.
         changed_goal = obs.goal if obs.goal and obs.goal != ep.state.turns[0].goal else None
         cls = self._failure_class(ep, obs) if error else None  # the failure memory leaves transient ones out
         ep.state.step(
@@ -605,7 +604,7 @@ class Planner:
 
     @staticmethod
     def _real_state_key(obs: Observation) -> str:
-        return _key(normalize_text(obs.text), list(obs.valid_actions or []))
+        return _key(normalize(obs.text), list(obs.valid_actions or []))
 
     def _allowed(self, ep: _Episode) -> list[str] | None:
         """The real state's valid actions minus those banned here (all of them if everything is banned)."""
@@ -650,15 +649,15 @@ class Planner:
             hist = state.turns[-1 - n : -1] if n else []
             return _key(
                 now.goal,
-                normalize_text(now.observation),
-                [(t.action, normalize_text(t.next_observation or ""), t.error) for t in hist],
+                normalize(now.observation),
+                [(t.action, normalize(t.next_observation or ""), t.error) for t in hist],
                 now.valid_actions,
             ), action.key()
         hist = state.history[-self.config.cache_history :] if self.config.cache_history else []
         skey = _key(
             state.goal,
-            normalize_text(state.observation),
-            [(h.action, normalize_text(h.observation), h.error) for h in hist],
+            normalize(state.observation),
+            [(h.action, normalize(h.observation), h.error) for h in hist],
             state.valid_actions,
         )
         return skey, action.key()
@@ -1022,7 +1021,7 @@ class Planner:
     def _env_predictions(self, ep: _Episode, alive: list[Rollout]) -> int:
         """Predict each rollout's latest observation with the env oracle (simulator "env"); returns cache hits.
 
-        The replayed real prefix skips actions an injected fault kept from running (inference/faults.py). A
+        The replayed real prefix skips actions an injected fault kept from running (evaluation/faults.py). A
         replay that fails or runs past the oracle's time limit ends its rollout, like an empty prediction."""
         assert self.oracle is not None
         faults = [e.fault for e in ep.trace.of_type("act")]

@@ -27,6 +27,7 @@ from simplan.data.episode import (
     read_settings,
     renderer_for,
 )
+from simplan.envs.actions import render_action
 from simplan.envs.base import Action
 
 # PlannerConfig field -> PromptSettings field
@@ -89,5 +90,5 @@ class PlannerPrompts:
 
     def simulator(self, state: fmt.PromptState | EpisodeState, action: Action) -> fmt.Messages:
         if isinstance(state, EpisodeState):
-            return self._renderers["simulator"].simulator_messages(state, fmt.render_action(action))
+            return self._renderers["simulator"].simulator_messages(state, render_action(action))
         return fmt.simulator_messages(state, action)

@@ -3,7 +3,7 @@
 `simplan eval-model --role simulator` counts it offline on a dataset fold and writes
 `simulator_accuracy.json` (verb -> {n, exact, accuracy}) into its output folder, and with
 `--write_adapter_accuracy true` next to the adapter, where the planner's selective router reads it
-(PlannerConfig.router, inference/planner_config.py). `accuracy_from_traces` counts the same online,
+(PlannerConfig.router, inference/planning/config.py). `accuracy_from_traces` counts the same online,
 from the real steps of evaluation traces whose outcome had been imagined.
 
     table = SimulatorAccuracy.from_pairs([("take key", True), ("go east", False)])
@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from simplan.core.io import write_json
 from simplan.data.format import CONVERSATION_SIMULATOR_SYSTEM, SECTION_ACTION
-from simplan.data.io import write_json
-from simplan.inference.trace import EpisodeTrace, predicted_exactly
+from simplan.inference.planning.trace import EpisodeTrace, predicted_exactly
 
 ACCURACY_FILE = "simulator_accuracy.json"
 _TOOL_CALL = re.compile(r"^\s*([A-Za-z_][\w.\-]*)\s*\(")
@@ -129,7 +129,7 @@ class SimulatorAccuracy:
 
 def accuracy_from_traces(traces: Iterable[EpisodeTrace]) -> SimulatorAccuracy:
     """Online accuracy: every real step that had an expectation (a predicted observation), exact by the
-    rule of the traces' own summary (trace.predicted_exactly: `normalize_text`, lower-cased)."""
+    rule of the traces' own summary (trace.predicted_exactly: core.text.exact)."""
     pairs = []
     for trace in traces:
         for act in trace.of_type("act"):

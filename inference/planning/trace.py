@@ -25,7 +25,7 @@ repeated run); `read_traces` reads ONE run per episode (`episode_runs`), never a
 `summarize(trace)` computes per-episode metrics from the events alone, so every number of a report
 traces back to the episode file. Version 2 traces (the start event's `version`) record the act's
 expected verdict; in older ones it reads as None, so their verdict accounting of real steps is unknown.
-This module imports nothing heavy (the standard library, `simplan.data.io` and the verdict words of
+This module imports nothing heavy (the standard library, `simplan.core.io` and the verdict words of
 `simplan.data.format`), so evaluation and report code can use it without torch or an engine.
 
     trace = EpisodeTrace.start(episode_id="toy/corridor-3/simplan/0", env="toy", task=task.to_dict(), ...)
@@ -48,18 +48,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
+from simplan.core.io import append_jsonl, read_jsonl_tolerant, write_jsonl
+from simplan.core.text import exact, normalize
 from simplan.data.format import VERDICTS, episode_verdict
-from simplan.data.io import append_jsonl, read_jsonl_tolerant, write_jsonl
 
 TRACE_VERSION = 2  # 2: act events record expected_verdict
 END_STATUSES = ("success", "failed", "budget_steps", "budget_replans", "budget_tokens", "budget_time", "errored")
 ACT_SOURCES = ("plan", "reactive", "fallback")
 SEVERITIES = ("warning", "error")
-
-
-def normalize_text(text: str | None) -> str:
-    """Lower-case, whitespace-collapsed text: the form in which observations are compared."""
-    return " ".join((text or "").lower().split())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -131,7 +127,8 @@ class ImagineEvent(TraceEvent):
     completion_tokens: int = 0
     cache_hits: int = 0
     seconds: float = 0.0
-    simulator: str = "model"  # who predicted the observations: model (an engine call) or env (inference/oracle.py)
+    # Who predicted the observations: model (an engine call) or env (inference/planning/oracle.py).
+    simulator: str = "model"
     margin: float | None = None  # decider's top-1 minus top-2 probability (None: unknown, e.g. one sample)
     route: str = ""  # router selective: simulate | react ("" where it was not asked: router always, horizon 0)
     route_verb: str = ""  # selective: the verb of the decider's top candidate
@@ -456,7 +453,7 @@ class EpisodeSummary:
     planning_share: float = 0.0
     env_seconds: float = 0.0
     sim_predictions: int = 0  # real steps that had an expectation
-    sim_exact: int = 0  # of those, observation == expectation after normalize_text
+    sim_exact: int = 0  # of those, observation == expectation after core.text.normalize
     sim_accuracy: float | None = None  # sim_exact / sim_predictions
     sim_match_mean: float | None = None  # mean similarity of the predictions (match field)
     # Verdicts (predicted endings: the env oracle's, or a simulator's trained with them; `verdict_account`).
@@ -478,7 +475,7 @@ def redundant_steps(acts: list[ActEvent]) -> list[int]:
     seen: set[tuple[str, str]] = set()
     out = []
     for a in acts:
-        key = (a.action_key or normalize_text(a.action), normalize_text(a.observation))
+        key = (a.action_key or normalize(a.action), normalize(a.observation))
         if key in seen:
             out.append(a.step)
         seen.add(key)
@@ -487,8 +484,8 @@ def redundant_steps(acts: list[ActEvent]) -> list[int]:
 
 def predicted_exactly(act: ActEvent) -> bool:
     """Whether a real step's observation is what the simulator predicted for it (its expectation), as the
-    summary's simulator accuracy counts it: equal after `normalize_text`. False for a step without one."""
-    return act.expectation is not None and normalize_text(act.expectation) == normalize_text(act.observation)
+    summary's simulator accuracy counts it: equal after `core.text.normalize`. False for a step without one."""
+    return act.expectation is not None and exact(act.expectation, act.observation)
 
 
 def outcome_verdict(label: str | None) -> str | None:

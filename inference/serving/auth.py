@@ -1,7 +1,7 @@
 """An API key on every endpoint of `simplan serve`: an ASGI middleware that vLLM loads with `--middleware`.
 
     SIMPLAN_SERVER_API_KEY=KEY python -m vllm.entrypoints.openai.api_server ... \\
-        --middleware simplan.inference.serve_auth.BearerKeyMiddleware
+        --middleware simplan.inference.serving.auth.BearerKeyMiddleware
 
 vLLM's own `--api-key` check guards only the paths under /v1, /v2, /inference and /cohere (vLLM
 0.32, vllm/entrypoints/serve/middleware/authenticate.py): /invocations answers generations and
@@ -27,7 +27,7 @@ if TYPE_CHECKING:  # starlette comes with vLLM; serve.py imports the names below
     from starlette.types import ASGIApp, Receive, Scope, Send
 
 KEY_ENV = "SIMPLAN_SERVER_API_KEY"
-IMPORT_PATH = "simplan.inference.serve_auth.BearerKeyMiddleware"
+IMPORT_PATH = "simplan.inference.serving.auth.BearerKeyMiddleware"
 
 
 class BearerKeyMiddleware:

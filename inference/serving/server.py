@@ -13,9 +13,9 @@ backend (inference/engines/config.py). The server runs in its own process group 
 it once, through us, and every child it spawned is stopped with it; servers still running when the
 Python process exits are stopped by `stop_all_servers` (registered with atexit; test fixtures call
 it on interrupt too). `start_server` turns SIGTERM and SIGHUP into SystemExit where they still have
-their default action (inference/termination.py), so a terminated caller reaches that atexit too.
+their default action (inference/engines/termination.py), so a terminated caller reaches that atexit too.
 
-With an API key, every endpoint needs it (inference/serve_auth.py: vLLM's own --api-key leaves
+With an API key, every endpoint needs it (inference/serving/auth.py: vLLM's own --api-key leaves
 /invocations, /tokenize, /metrics and /health open), /health included, so our health check sends
 it. Binding beyond loopback without a key is refused unless --insecure true.
 """
@@ -36,9 +36,9 @@ from pathlib import Path
 from typing import IO, Any
 
 from simplan.inference.engines.config import parse_adapters, vllm_cpu_env, vllm_lora_rank
-from simplan.inference.serve_auth import IMPORT_PATH as AUTH_MIDDLEWARE
-from simplan.inference.serve_auth import KEY_ENV
-from simplan.inference.termination import exit_on_termination
+from simplan.inference.engines.termination import exit_on_termination
+from simplan.inference.serving.auth import IMPORT_PATH as AUTH_MIDDLEWARE
+from simplan.inference.serving.auth import KEY_ENV
 
 LOOPBACK_NAMES = ("localhost", "ip6-localhost")
 
@@ -233,7 +233,7 @@ def start_server(
     cfg: ServeConfig, log_file: str | os.PathLike | None = None, wait: bool = True, progress: bool = True
 ) -> ServerHandle:
     """Start the server (output to `log_file`, else inherited) and, with `wait`, block until /health is OK."""
-    from simplan.training.models import resolve_model
+    from simplan.models.registry import resolve_model
 
     # The server runs in its own session, so nothing stops it but us: a terminated caller must reach atexit.
     exit_on_termination()

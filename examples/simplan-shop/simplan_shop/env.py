@@ -30,7 +30,7 @@ import random
 import re
 from typing import Any
 
-from simplan.data.format import parse_tool_call
+from simplan.envs.actions import parse_tool_call
 from simplan.envs.base import Action, EnvDefaults, Observation, StepResult, Task
 
 # dev has 60 tasks (19-22 per family; 50 with a 503, 28 with a sell-out) so that a paired evaluation on at least

@@ -1,0 +1,111 @@
+"""A build's inputs: trajectory files found, every line checked as `simplan validate` checks it, folds kept apart.
+
+    from simplan.data.build_inputs import check_folds, expand_inputs, load_trajectories
+    files = expand_inputs(["runs/data/twx-train.jsonl", "runs/data/more/"])   # files, folders, globs
+    loaded = load_trajectories(files)           # .trajectories, .problems ("FILE:LINE: ..."), .skipped
+    check_folds(loaded.trajectories)            # FoldLeakError when a task id is in two folds
+
+`simplan build` (data/build.py) stops on bad lines with `refuse_malformed` (a `MalformedInputError` naming
+each FILE:LINE) unless `keep_going`; offline evaluation reads its trajectories the same way.
+"""
+
+from __future__ import annotations
+
+import glob
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from simplan.data.trajectory import Trajectory
+from simplan.data.validate import read_trajectory_lines
+
+MAX_REPORTED_PROBLEMS = 50
+
+
+class FoldLeakError(ValueError):
+    """A task appears in more than one fold: evaluation on it would be contaminated."""
+
+
+class MalformedInputError(ValueError):
+    """Input lines that are not valid trajectories (without `keep_going`); the message names each FILE:LINE."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading
+# ---------------------------------------------------------------------------------------------
+def expand_inputs(inputs: list[str]) -> list[Path]:
+    """Files as given, every *.jsonl in a folder, and glob matches; error naming what matched nothing."""
+    files: list[Path] = []
+    for item in inputs:
+        path = Path(item).expanduser()
+        if path.is_dir():
+            found = sorted(path.glob("*.jsonl"))
+        elif path.exists():
+            found = [path]
+        else:
+            found = sorted(Path(p) for p in glob.glob(str(path)))
+        if not found:
+            raise FileNotFoundError(f"input {item!r}: no such file, or a folder/glob with no .jsonl files")
+        files += [f for f in found if f not in files]
+    return files
+
+
+@dataclass
+class Loaded:
+    trajectories: list[Trajectory] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # "FILE:LINE: field: problem"
+    malformed_lines: int = 0
+    skipped: Counter = field(default_factory=Counter)  # reason -> trajectories skipped
+
+
+def load_trajectories(files: list[Path], include_errored: bool = False) -> Loaded:
+    """Read and check every line as `simplan validate` does; a bad line is reported as FILE:LINE and skipped.
+
+    Bad lines: those validate rejects, and a trajectory id seen earlier with different content (the
+    first one is kept). The same record twice is only counted (`skipped.duplicate_trajectory_id`).
+    """
+    loaded = Loaded()
+    for line in read_trajectory_lines(files):
+        problems = list(line.problems)
+        if line.duplicate_of is not None and not line.same_content:
+            problems.append(line.duplicate_problem())
+        if problems:
+            loaded.malformed_lines += 1
+            loaded.problems += [f"{line.where}: {p}" for p in problems]
+            continue
+        traj = line.trajectory
+        if line.duplicate_of is not None:
+            loaded.skipped["duplicate_trajectory_id"] += 1
+        elif traj.status == "errored" and not include_errored:
+            loaded.skipped["errored_trajectory"] += 1
+        else:
+            loaded.trajectories.append(traj)
+    return loaded
+
+
+def refuse_malformed(loaded: Loaded, files: list[Path]) -> None:
+    """Raise MalformedInputError naming the bad lines (the first MAX_REPORTED_PROBLEMS problems)."""
+    shown = loaded.problems[:MAX_REPORTED_PROBLEMS]
+    more = len(loaded.problems) - len(shown)
+    raise MalformedInputError(
+        f"{loaded.malformed_lines} bad input line(s):\n"
+        + "\n".join(shown)
+        + (f"\n... and {more} more problems" if more else "")
+        + f"\nFix them (`simplan validate {' '.join(str(f) for f in files)} --keep-going` lists all and splits "
+        "good lines from bad), or pass --keep_going true to build from the good lines."
+    )
+
+
+def check_folds(trajectories: list[Trajectory]) -> None:
+    """Raise FoldLeakError naming every (env, task id) that appears in two folds."""
+    folds: dict[tuple[str, str], set[str]] = defaultdict(set)
+    for t in trajectories:
+        folds[(t.task.env, t.task.task_id)].add(t.task.fold)
+    leaks = {k: sorted(v) for k, v in folds.items() if len(v) > 1}
+    if leaks:
+        shown = "; ".join(f"{env}/{tid} in {'+'.join(f)}" for (env, tid), f in sorted(leaks.items())[:20])
+        more = f" (and {len(leaks) - 20} more)" if len(leaks) > 20 else ""
+        raise FoldLeakError(
+            f"{len(leaks)} task id(s) appear in more than one fold: {shown}{more}. "
+            "Collect each fold from its own task list, or drop the inputs that mix folds."
+        )

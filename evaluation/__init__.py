@@ -1,0 +1,2 @@
+"""Evaluation: suites, fault injection, the concurrent runner, metrics from traces, paired statistics, loss
+classes, reports, and offline model evaluation."""

@@ -1,0 +1,2 @@
+"""Serving base + adapters over HTTP (vLLM's OpenAI-compatible server behind an API key); depends on the engines
+alone."""

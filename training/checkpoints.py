@@ -1,0 +1,131 @@
+"""Checkpoints of a run: the last complete one to resume from, metrics logged after it, a changed recipe refused.
+
+    from simplan.training.checkpoints import check_resumable, last_checkpoint, trim_metrics
+    checkpoint = last_checkpoint(Path("runs/train/x"))          # "runs/train/x/checkpoint-40", or None
+    trim_metrics(Path("runs/train/x/metrics.jsonl"), 40)        # drops the lines logged after step 40
+
+A checkpoint whose save was cut short (a killed job, a full disk) is skipped, and said so on stderr.
+`check_resumable` refuses to continue a checkpoint trained under another configuration, except for the
+keys in `RESUMABLE_CHANGES`. training/trainer.py's `train` calls these when it resumes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from simplan.core.io import atomic_open, iter_jsonl_lines
+
+# What `Trainer._save_checkpoint` writes, in this order: the weights (a PEFT adapter, or a whole model
+# when not LoRA), optimizer and scheduler, RNG state, and trainer_state.json last. A save cut short
+# (a killed job, a full disk) leaves a prefix of these; resuming from it fails on every rerun.
+CHECKPOINT_WEIGHTS = (
+    "adapter_model.safetensors",
+    "adapter_model.bin",
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+)
+CHECKPOINT_NAME = re.compile(r"checkpoint-(\d+)")
+CHECKPOINT_STATE = (("trainer_state.json",), ("optimizer.pt", "optimizer.bin"), ("scheduler.pt",), CHECKPOINT_WEIGHTS)
+
+
+def checkpoint_problem(folder: Path) -> str | None:
+    """Why `folder` (a `checkpoint-N`) cannot be resumed from, or None when it is complete."""
+    for names in CHECKPOINT_STATE:
+        if not any((folder / name).is_file() and (folder / name).stat().st_size > 0 for name in names):
+            return f"no {' or '.join(names)}"
+    try:
+        step = json.loads((folder / "trainer_state.json").read_text(encoding="utf-8"))["global_step"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"trainer_state.json unreadable ({type(e).__name__})"
+    if f"checkpoint-{step}" != folder.name:
+        return f"trainer_state.json is at step {step}"
+    return None
+
+
+def last_checkpoint(output_dir: Path) -> str | None:
+    """The highest-numbered complete checkpoint in `output_dir`; incomplete ones are skipped, and said so."""
+    if not output_dir.is_dir():
+        return None
+    numbered = [(int(m.group(1)), d) for d in output_dir.iterdir() if (m := CHECKPOINT_NAME.fullmatch(d.name))]
+    skipped: list[str] = []
+    found = None
+    for _, folder in sorted(numbered, reverse=True):
+        problem = checkpoint_problem(folder) if folder.is_dir() else "not a folder"
+        if problem is None:
+            found = folder
+            break
+        skipped.append(f"{folder.name} is incomplete ({problem})")
+    if skipped:
+        then = f"resuming from {found.name}" if found else "no complete checkpoint: starting over"
+        print(f"train: {'; '.join(skipped)}: {then}", file=sys.stderr, flush=True)
+    return str(found) if found else None
+
+
+def trim_metrics(path: Path, global_step: int) -> int:
+    """Drop the records of `path` logged after `global_step` (rewritten atomically); returns how many.
+
+    A run resumed from checkpoint-N trains and logs steps N+1... again: without this the steps an
+    interrupted run logged after its last checkpoint would appear twice. A line that does not read
+    (a torn last line) is dropped too; a record with no step is kept."""
+    if not path.exists():
+        return 0
+    kept: list[bytes] = []
+    dropped = 0
+    for line in iter_jsonl_lines(path):
+        try:
+            record = json.loads(line.text) if line.text is not None else None
+        except ValueError:
+            record = None
+        step = record.get("step") if isinstance(record, dict) else None
+        if record is None or (isinstance(step, int) and step > global_step):
+            dropped += 1
+        else:
+            kept.append(line.raw if line.raw.endswith(b"\n") else line.raw + b"\n")
+    if dropped:
+        with atomic_open(path, "wb") as f:
+            f.writelines(kept)
+    return dropped
+
+
+# Keys that may change between an interrupted run and its resumption without changing what is trained.
+RESUMABLE_CHANGES = frozenset(
+    {
+        "max_steps",
+        "max_minutes",
+        "num_threads",
+        "logging_steps",
+        "save_steps",
+        "save_total_limit",
+        "eval_steps",
+        "max_eval_examples",
+        "per_device_eval_batch_size",
+        "dataloader_num_workers",
+        "report_to",
+        "resume",
+        "output_dir",  # a copied or renamed run folder resumes where it is now
+    }
+)
+
+
+def check_resumable(out: Path, resolved: dict[str, Any]) -> None:
+    """Refuse to continue a checkpoint trained under a different recipe: the mix would be neither run."""
+    saved_path = out / "config.yaml"
+    if not saved_path.exists():
+        return
+    saved = yaml.safe_load(saved_path.read_text()) or {}
+    changed = sorted(
+        k for k in resolved.keys() & saved.keys() if k not in RESUMABLE_CHANGES and saved[k] != resolved[k]
+    )
+    if changed:
+        diffs = ", ".join(f"{k}: {saved[k]!r} -> {resolved[k]!r}" for k in changed)
+        raise ValueError(
+            f"output_dir: {out} holds checkpoints of a run with a different configuration ({diffs}); "
+            "give a new --output_dir, or --resume false to start over there"
+        )
