@@ -15,16 +15,16 @@ trained assistant turns (`weights`). `counts` collects what was dropped or skipp
 from __future__ import annotations
 
 import json
-import re
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from simplan.data import format as fmt
-from simplan.data.episode import EpisodeState, env_transient_patterns, renderer_for
+from simplan.data.episode import EpisodeState, renderer_for
 from simplan.data.trajectory import Trajectory
 from simplan.envs.actions import render_action
+from simplan.envs.failures import FailureRules, rules_of_env
 
 if TYPE_CHECKING:  # the config module builds the rows: a type-only import, no cycle at run time
     from simplan.data.build import BuildConfig
@@ -56,12 +56,13 @@ def trajectory_meta(traj: Trajectory) -> dict[str, Any]:
     }
 
 
-def transient_patterns(traj: Trajectory, cfg: BuildConfig) -> tuple[re.Pattern[str], ...]:
-    """The failures of `traj` that are transient (retried, not remembered), by the env the planner would know:
+def failure_rules(traj: Trajectory, cfg: BuildConfig) -> FailureRules:
+    """The failure rules of `traj` (which failures are transient: retried, not remembered), by the env the planner
+    would know:
     `cfg.env` when given, else the name the trajectory recorded. Collection records an env's own name
     ("shop"), which resolves only where its package's entry point is installed; `--env package.module:Class`
     names it anywhere."""
-    return env_transient_patterns(cfg.env or traj.env)
+    return rules_of_env(cfg.env or traj.env)
 
 
 def skip_reason(step: Any, cfg: BuildConfig) -> str | None:
@@ -80,8 +81,8 @@ def make_candidates(trajectories: list[Trajectory], cfg: BuildConfig, counts: Co
     verdicts = cfg.settings().verdicts
     out: list[Candidate] = []
     for traj in trajectories:
-        transient = transient_patterns(traj, cfg)  # left out of the failure memory, as the planner does
-        states = fmt.trajectory_states(traj, cfg.max_history, cfg.max_failures, transient)
+        rules = failure_rules(traj, cfg)  # transient failures are left out of the failure memory, as the planner does
+        states = fmt.trajectory_states(traj, cfg.max_history, cfg.max_failures, rules)
         for step, state in zip(traj.steps, states):
             if reason := skip_reason(step, cfg):
                 counts[reason] += 1
@@ -244,7 +245,7 @@ def conversation_rows(
     pending: list[tuple[Trajectory, EpisodeState, Any]] = []
     for traj in tqdm(trajectories, desc=f"build {cfg.role}: windows", unit="episode", disable=not cfg.progress):
         state = EpisodeState.from_trajectory(
-            traj, lambda step: skip_reason(step, cfg) is None, transient_patterns(traj, cfg)
+            traj, lambda step: skip_reason(step, cfg) is None, failure_rules(traj, cfg)
         )
         pending += [(traj, state, ex) for ex in renderer.examples(state, cfg.role)]
     dedup: Counter = Counter()

@@ -31,10 +31,7 @@ on it without knowing the future, and consecutive steps share their prompt prefi
 
 from __future__ import annotations
 
-import functools
 import json
-import re
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -58,8 +55,7 @@ from simplan.data.format import (
     text_token_counter,
 )
 from simplan.envs.actions import render_action
-from simplan.envs.base import env_extra
-from simplan.envs.registry import UnknownEnvError, resolve
+from simplan.envs.failures import FailureRules, rules_of_env
 
 if TYPE_CHECKING:
     from simplan.data.trajectory import Trajectory
@@ -227,14 +223,14 @@ class EpisodeState:
     def from_trajectory(
         traj: Trajectory,
         learn: Callable[[Any], bool] = lambda step: True,
-        transient: Sequence[re.Pattern[str]] | None = None,
+        failures: FailureRules | None = None,
     ) -> EpisodeState:
         """Replay a recorded trajectory; `learn(step)` says which steps are training targets. Goal and tools
         change where a step's `info` says so (collection records a BFCL user turn or what a TWX agent read
-        there), from the next step on. A failed step whose observation matches `transient` (default: the
-        env's `transient_patterns`, as the planner's judge reads them) is a transient failure."""
+        there), from the next step on. A failed step is transient as `failures` (default: the env's rules,
+        envs/failures.py, as the planner reads them) says."""
         goal, tools = traj.goal, traj.tools
-        transient = env_transient_patterns(traj.env) if transient is None else transient
+        failures = rules_of_env(traj.env) if failures is None else failures
         turns = []
         for i, s in enumerate(traj.steps):
             if i > 0:
@@ -250,7 +246,7 @@ class EpisodeState:
                     action=render_action(s.action),
                     next_observation=s.next_observation,
                     error=s.error,
-                    failure="transient" if s.error and any(p.search(s.next_observation) for p in transient) else None,
+                    failure="transient" if s.error and failures.is_transient(s.next_observation, True) else None,
                     learn=learn(s),
                     verdict=episode_verdict(s.done, s.won),
                 )
@@ -267,25 +263,6 @@ class EpisodeState:
         else:
             turns.append(Turn(observation=traj.initial_observation, goal=goal, tools=tools))
         return EpisodeState(turns)
-
-
-@functools.cache
-def env_transient_patterns(env: str) -> tuple[re.Pattern[str], ...]:
-    """The `transient_patterns` an env declares (envs/base.py EnvDefaults), read from its adapter class without
-    building it (no JVM); () with a warning when the name names no env in this process."""
-    try:
-        factory = resolve(env)
-    except UnknownEnvError as e:
-        warnings.warn(
-            f"env {env!r}: its transient failures cannot be told apart ({e}); the failure memory of its "
-            "trajectories lists them all. Name the env's adapter class when building (`simplan build --env "
-            "package.module:Class`; trajectories record the env's own name, which only an installed package "
-            "resolves); for imported transcripts, name the env they came from (`simplan import --env NAME`) or "
-            "ignore this if it has none.",
-            stacklevel=2,
-        )
-        return ()
-    return tuple(re.compile(p) for p in env_extra(factory, "transient_patterns"))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -23,13 +23,13 @@ observation, and drops the oldest history steps first.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from simplan.envs.actions import render_action
 from simplan.envs.base import Action
+from simplan.envs.failures import FailureRules
 
 if TYPE_CHECKING:
     from simplan.data.trajectory import Trajectory
@@ -147,7 +147,7 @@ def trajectory_states(
     traj: Trajectory,
     max_history: int | None = DEFAULT_MAX_HISTORY,
     max_failures: int | None = DEFAULT_MAX_FAILURES,
-    transient: Sequence[re.Pattern[str]] = (),
+    rules: FailureRules | None = None,
 ) -> list[PromptState]:
     """The PromptState before each step of a recorded trajectory: `states[i]` is what step i's actor saw.
 
@@ -155,11 +155,11 @@ def trajectory_states(
     by collection when an observation changes them) from the next step on.
     History is every earlier real transition (noise and failed ones included, marked `[failed]`),
     the most recent `max_history` of them when given; the failure memory holds `failure_note`s of
-    the earlier failed steps, distinct, the most recent `max_failures`, except transient ones (an
-    observation matching `transient`, the env's transient_patterns: a 503 is retried, not avoided, as the
-    planner does). History items are built once per trajectory and shared between states, so this is
-    linear in the trajectory length.
+    the earlier failed steps, distinct, the most recent `max_failures`, except transient ones (as `rules`
+    says, envs/failures.py: a 503 is retried, not avoided, as the planner does). History items are built once
+    per trajectory and shared between states, so this is linear in the trajectory length.
     """
+    rules = rules if rules is not None else FailureRules()
     items = [history_item(s.action, s.next_observation, s.error) for s in traj.steps]
     states, failures = [], {}  # note -> None, in the order of each note's latest occurrence
     goal, tools = traj.goal, traj.tools
@@ -181,7 +181,7 @@ def trajectory_states(
                 failures=notes,
             )
         )
-        if step.error and not any(p.search(step.next_observation) for p in transient):
+        if step.error and not rules.is_transient(step.next_observation, True):
             note = failure_note(step.action, step.next_observation)
             failures.pop(note, None)
             failures[note] = None

@@ -167,7 +167,7 @@ class EnvDefaults:
     #: of them when an entry names none.
     families: tuple[str, ...] = ()
     #: Regexes of observations that mean an action failed (the judge and the error pivot); none: the
-    #: planner's defaults (inference/planning/judge.py DEFAULT_ERROR_PATTERNS).
+    #: defaults (envs/failures.py DEFAULT_ERROR_PATTERNS; the one failure rule lives there).
     error_patterns: tuple[str, ...] = ()
     #: Regexes of observations that mean progress (the judge); none: DEFAULT_PROGRESS_PATTERNS.
     progress_patterns: tuple[str, ...] = ()

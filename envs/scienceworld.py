@@ -57,6 +57,7 @@ import re
 from typing import Any
 
 from simplan.envs.base import FOLDS, Action, EnvCrashed, Observation, StepResult, Task, parse_command
+from simplan.envs.failures import compile_patterns, matches
 from simplan.envs.jvm import JvmEnvLifecycle, JvmHandle
 
 FREE_ACTIONS: tuple[str, ...] = ("look around", "inventory", "task", "wait", "wait1")
@@ -93,7 +94,7 @@ ERROR_PATTERNS: tuple[str, ...] = (
     _FIRST_LINE + r"(no known action|unknown action|i'm not sure|error)",
     _FIRST_LINE + r"[^\n]*?(\bcan't\b|\bcannot\b|isn't open|is not open|is not openable|doesn't appear to)",
 )
-_ERROR_RES = [re.compile(p, re.IGNORECASE) for p in ERROR_PATTERNS]
+_ERROR_RES = compile_patterns(ERROR_PATTERNS)
 # Gold paths of the boil/freeze/chemistry tasks hold "pour metal pot into metal pot", which ScienceWorld
 # answers "You can't move something into itself." (no effect): expert_plan() leaves such steps out.
 _SELF_MOVE_RE = re.compile(r"^(?:pour|move|dunk) (.+) (?:into|to|in) \1$")
@@ -118,7 +119,7 @@ def _make_sw() -> Any:
 
 def is_error_response(text: str) -> bool:
     """True when ScienceWorld's answer says the input was not understood or had no effect."""
-    return any(p.search(text) for p in _ERROR_RES)
+    return matches(text, _ERROR_RES)
 
 
 def _verb_rank(action: str) -> int:

@@ -59,10 +59,10 @@ raises `envs.base.EnvCrashed` (mark the episode errored) and the next `reset` st
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from simplan.envs.base import FOLDS, Action, EnvCrashed, Observation, StepResult, Task, parse_command
+from simplan.envs.failures import compile_patterns, matches
 from simplan.envs.jvm import JvmEnvLifecycle, JvmHandle
 
 GAMES: tuple[str, ...] = (
@@ -92,7 +92,7 @@ ERROR_PATTERNS: tuple[str, ...] = (
     r"^\s*(unknown action|i'm not sure what you mean|that is already (open|closed)|you can't|"
     r"you are unable to|.*you can't pick up another item)",
 )
-_ERROR_RES = [re.compile(p, re.IGNORECASE) for p in ERROR_PATTERNS]
+_ERROR_RES = compile_patterns(ERROR_PATTERNS)
 # game -> fold -> seeds. Reading 3 x 1,000 seeds through py4j costs ~1 s per game, and TWX's seed lists
 # do not depend on gameParams, so every adapter in the process shares them.
 _SEED_CACHE: dict[str, dict[str, list[int]]] = {}
@@ -175,7 +175,7 @@ def goal_with_reading(task: str, read: dict[str, str]) -> str:
 
 def is_error_response(text: str) -> bool:
     """True when TWX's answer says the command was not understood or had no effect."""
-    return any(p.search(text) for p in _ERROR_RES)
+    return matches(text, _ERROR_RES)
 
 
 class TextWorldExpressEnv(JvmEnvLifecycle):

@@ -40,7 +40,7 @@ oracle or a simulator trained with them: `verdict_episodes`; the rest count in n
 Transient failures and finishes (`RetryAccount`, from the act events; issue 20's tool-calling envs):
     transient_failures  real actions that failed transiently: an injected transient fault (fault ==
                         "transient") or an error observation matching the env's `transient_patterns`
-                        (data/episode.py env_transient_patterns of the trace's env); injected_transient of them
+                        (envs/failures.py rules_of_env of the trace's env); injected_transient of them
     got_through         of those, the ones whose call went through later in the episode: a later act with the
                         same action key that is not itself transient (a success or a real answer such as out of
                         stock); got_through_share = got_through / transient_failures (None without any)
@@ -79,14 +79,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from simplan.data.episode import env_transient_patterns
+from simplan.envs.failures import FailureRules, rules_of_env
 from simplan.evaluation.losses import LOSS_CLASSES, Loss, classify_loss
 from simplan.inference.planning.judge import is_finish
 from simplan.inference.planning.trace import (
@@ -184,18 +183,19 @@ class RetryAccount:
             setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
 
-def is_transient(act: ActEvent, patterns: tuple[re.Pattern[str], ...]) -> bool:
-    """A failed real action that is worth retrying as it was: an injected transient fault or the env's own."""
-    return act.error and (act.fault == "transient" or any(p.search(act.observation) for p in patterns))
+def is_transient(act: ActEvent, rules: FailureRules) -> bool:
+    """A failed real action that is worth retrying as it was: an injected transient fault, or a transient failure
+    of the env's own (envs/failures.py, the rule the planner retries by)."""
+    return act.error and (act.fault == "transient" or rules.is_transient(act.observation, True))
 
 
 def retry_account(trace: EpisodeTrace) -> RetryAccount:
-    patterns = env_transient_patterns(trace.env)
+    rules = rules_of_env(trace.env)
     acc = RetryAccount()
     went_through: set[str] = set()  # keys of the calls that went through after the act being looked at
     for act in reversed(trace.of_type("act")):
         key = act.action_key or act.action  # traces without action keys: the rendered action is the identity
-        if not is_transient(act, patterns):
+        if not is_transient(act, rules):
             went_through.add(key)
             if is_finish(act.action_key):
                 acc.finish_calls += 1

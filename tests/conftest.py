@@ -68,13 +68,13 @@ def shop_on_path(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """The shop importable and named `shop`, as `pip install -e examples/simplan-shop` makes it (its entry
     point), whether or not this venv has it installed: trajectories record the env's own name, which build
     resolves for the env's transient failures."""
-    from simplan.data.episode import env_transient_patterns
     from simplan.envs import registry
+    from simplan.envs.failures import rules_of_env
 
     monkeypatch.syspath_prepend(str(SHOP_PACKAGE))
     ep = importlib.metadata.EntryPoint(name="shop", value=SHOP_SPEC, group=registry.ENTRY_POINT_GROUP)
     installed = [e for e in registry._entry_points() if e.name != "shop"]
     monkeypatch.setattr(registry, "_entry_points", lambda: [*installed, ep])
-    env_transient_patterns.cache_clear()  # a test before this one may have cached "shop" as unknown
+    rules_of_env.cache_clear()  # a test before this one may have cached "shop" as unknown
     yield
-    env_transient_patterns.cache_clear()
+    rules_of_env.cache_clear()

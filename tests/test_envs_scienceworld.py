@@ -12,6 +12,7 @@ import pytest
 pytest.importorskip("scienceworld")
 
 from simplan.envs.base import Action, ActionParseError, EnvCrashed  # noqa: E402
+from simplan.envs.failures import FailureRules  # noqa: E402
 from simplan.envs.scienceworld import (  # noqa: E402
     _SELF_MOVE_RE,
     ScienceWorldEnv,
@@ -19,7 +20,7 @@ from simplan.envs.scienceworld import (  # noqa: E402
     is_error_response,
     task_names,
 )
-from simplan.inference.planning.judge import Judge, JudgeWeights, env_patterns  # noqa: E402
+from simplan.inference.planning.judge import Judge, JudgeWeights  # noqa: E402
 
 FAST = ["lifespan-longest-lived", "power-component"]
 
@@ -144,7 +145,7 @@ def test_all_thirty_task_types_have_disjoint_folds(env):
 def test_the_judge_reads_failures_with_the_adapters_own_patterns():
     """The judge (and the error pivot) read predicted texts with the adapter's own patterns: first line only,
     an ambiguity question is none."""
-    judge = Judge(JudgeWeights(), error_patterns=env_patterns(ScienceWorldEnv, "error_patterns", ()))
+    judge = Judge(JudgeWeights(), FailureRules.for_env(ScienceWorldEnv))
     texts = [
         "No known action matches that input.",
         "  I'm not sure what you mean.",

@@ -10,6 +10,7 @@ import pytest
 pytest.importorskip("textworld_express")
 
 from simplan.envs.base import Action, ActionParseError, EnvCrashed, Observation, StepResult  # noqa: E402
+from simplan.envs.failures import FailureRules  # noqa: E402
 from simplan.envs.textworld_express import (  # noqa: E402
     GAMES,
     TextWorldExpressEnv,
@@ -17,13 +18,7 @@ from simplan.envs.textworld_express import (  # noqa: E402
     goal_with_reading,
     is_error_response,
 )
-from simplan.inference.planning.judge import (  # noqa: E402
-    DEFAULT_ERROR_PATTERNS,
-    Judge,
-    JudgeMemory,
-    JudgeWeights,
-    env_patterns,
-)
+from simplan.inference.planning.judge import Judge, JudgeMemory, JudgeWeights  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +83,7 @@ def test_the_judge_reads_failures_with_the_adapters_own_patterns():
     """A predicted "That is already open." is a failure to the judge, as the real one is to the adapter: the
     first step's error ends the rollout's credit (the defaults missed it, so a 3-step rollout opening an open
     door scored its later steps' progress)."""
-    judge = Judge(JudgeWeights(), error_patterns=env_patterns(TextWorldExpressEnv, "error_patterns", ()))
+    judge = Judge(JudgeWeights(), FailureRules.for_env(TextWorldExpressEnv))
     texts = [
         "That is already open. ",
         "That is already closed.",
@@ -107,7 +102,7 @@ def test_the_judge_reads_failures_with_the_adapters_own_patterns():
     )
     parts, _ = judge.score(*rollout, JudgeMemory())
     assert parts["error"] < 0 and parts["progress"] == 0.0
-    default_parts, _ = Judge(JudgeWeights(), error_patterns=DEFAULT_ERROR_PATTERNS).score(*rollout, JudgeMemory())
+    default_parts, _ = Judge(JudgeWeights(), FailureRules()).score(*rollout, JudgeMemory())
     assert default_parts["error"] == 0.0 and default_parts["progress"] > 0  # what the defaults made of it
 
 

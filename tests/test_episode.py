@@ -18,6 +18,7 @@ from simplan.data.build_rows import step_rows
 from simplan.data.collect import CollectConfig, collect
 from simplan.data.episode import EpisodeState, PromptSettings, renderer_for, write_settings
 from simplan.data.trajectory import Trajectory
+from simplan.envs.failures import FailureRules
 from simplan.envs.registry import make_env
 from simplan.inference.engines.scripted import ScriptedEngine
 from simplan.inference.planning.config import PlannerConfig
@@ -283,7 +284,7 @@ def test_transient_failures_stay_out_of_the_failure_memory_in_training_and_plann
         state = EpisodeState.from_trajectory(traj)
         starts = {ex.window[0] for ex in renderer.examples(state, "decider")}
         memories += [renderer.system(state, s, "decider") for s in starts]
-        unclassed += [renderer.system(EpisodeState.from_trajectory(traj, transient=()), s, "decider") for s in starts]
+        unclassed += [renderer.system(EpisodeState.from_trajectory(traj, failures=FailureRules()), s, "decider") for s in starts]
     assert len([m for m in unclassed if "503" in m]) >= 3, "windows must open after a 503 for the check to matter"
     assert not [m for m in memories if "503" in m]
     assert [m for m in memories if "Failed before" in m], "permanent and sell-out failures are still remembered"
@@ -295,12 +296,12 @@ def test_transient_failures_stay_out_of_the_failure_memory_in_training_and_plann
 
 def test_step_format_leaves_transient_failures_out_of_the_failure_memory_too(tmp_path, shop_on_path):
     from simplan.data import format as fmt
-    from simplan.data.episode import env_transient_patterns
+    from simplan.envs.failures import rules_of_env
 
     trajs = _collect(tmp_path, "simplan_shop.env:ShopEnv", ["expert", "noisy_expert"], 3)
-    transient = env_transient_patterns("simplan_shop.env:ShopEnv")
-    assert transient, "the shop declares its 503 transient"
-    kept = [f for t in trajs for st in fmt.trajectory_states(t, None, None, transient) for f in st.failures]
+    rules = rules_of_env("simplan_shop.env:ShopEnv")
+    assert rules.transient, "the shop declares its 503 transient"
+    kept = [f for t in trajs for st in fmt.trajectory_states(t, None, None, rules) for f in st.failures]
     every = [f for t in trajs for st in fmt.trajectory_states(t, None, None) for f in st.failures]
     assert [f for f in every if "503" in f], "a 503 must be in some failure memory for the check to matter"
     assert not [f for f in kept if "503" in f] and kept, "permanent failures are still remembered"
@@ -314,15 +315,15 @@ SHOP_SPEC = "simplan_shop.env:ShopEnv"
 def shop_unnamed(monkeypatch: pytest.MonkeyPatch):
     """The shop importable by its class spec but with no `shop` entry point: a fresh clone, where the example
     package is not pip-installed (the opposite of conftest's shop_on_path)."""
-    from simplan.data.episode import env_transient_patterns
     from simplan.envs import registry
+    from simplan.envs.failures import rules_of_env
 
     monkeypatch.syspath_prepend(str(SHOP_PACKAGE))
     installed = [e for e in registry._entry_points() if e.name != "shop"]
     monkeypatch.setattr(registry, "_entry_points", lambda: installed)
-    env_transient_patterns.cache_clear()  # an earlier test may have cached "shop" as known
+    rules_of_env.cache_clear()  # an earlier test may have cached "shop" as known
     yield
-    env_transient_patterns.cache_clear()
+    rules_of_env.cache_clear()
 
 
 def test_build_env_names_the_failure_classes_where_the_recorded_env_name_is_unknown(tmp_path, tok, shop_unnamed):

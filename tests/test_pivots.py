@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from simplan.core.text import similarity
-from simplan.inference.planning.judge import Judge, JudgeMemory, JudgeWeights, compile_patterns, looks_like_error
+from simplan.envs.failures import compile_patterns, looks_like_error
+from simplan.inference.planning.judge import Judge, JudgeMemory, JudgeWeights
 from simplan.inference.planning.pivots import (
     BudgetNearlyExhausted,
     ErrorObservation,

@@ -18,6 +18,7 @@ from simplan.data.collect import CollectConfig, collect
 from simplan.data.episode import ConversationRenderer, EpisodeState, PromptSettings
 from simplan.envs.base import Action, StepResult, env_extra, expert_policy
 from simplan.envs.check import check_env
+from simplan.envs.failures import FailureRules, compile_patterns
 from simplan.envs.registry import make_env
 from simplan.envs.toy import ToyEnv
 from simplan.evaluation.faults import TRANSIENT_TEXT, FaultConfig, FaultyEnv
@@ -135,7 +136,7 @@ def test_no_retries_makes_the_first_transient_failure_permanent():
 def test_transient_rule_counts_attempts_of_the_same_action_in_a_row():
     import re
 
-    rule = TransientError([re.compile(r"\b503\b")], max_retries=2)
+    rule = TransientError(FailureRules(transient=(re.compile(r"\b503\b"),)), max_retries=2)
 
     def rec(key: str, obs: str, error: bool = True) -> StepRecord:
         return StepRecord(key, obs, 0.0, error)
@@ -149,7 +150,7 @@ def test_transient_rule_counts_attempts_of_the_same_action_in_a_row():
 
 
 def test_judge_failure_classes_and_no_penalty_for_retrying_a_transient_failure():
-    judge = Judge(JudgeWeights(), transient_patterns=[r"\b503\b"], replan_patterns=[r"sold out"])
+    judge = Judge(JudgeWeights(), FailureRules.for_env(None, transient=[r"\b503\b"], replan=[r"sold out"]))
     assert judge.failure_class('{"error": "503 service unavailable"}') == "transient"
     assert judge.failure_class('{"error": "kettle-steel sold out"}') == "replan"
     assert judge.failure_class("You can't do that.") == "permanent"
@@ -164,7 +165,9 @@ def test_judge_failure_classes_and_no_penalty_for_retrying_a_transient_failure()
 # Finish by acceptance
 # ---------------------------------------------------------------------------------------------
 def test_premature_finish_loses_to_a_useful_action_in_the_judge():
-    judge = Judge(JudgeWeights(), error_patterns=[r'"error"'], accept_patterns=[r'"shipped": true'])
+    judge = Judge(
+        JudgeWeights(), FailureRules(tuple(compile_patterns([r'"error"']))), accept_patterns=[r'"shipped": true']
+    )
     memory = JudgeMemory()
     finish, finish_total = judge.score(["finish"], ['{"finished": true, "shipped": false}'], memory, probability=0.9)
     search, search_total = judge.score(['search({"query": "kettle"})'], ['{"items": ["kettle-steel"]}'], memory, 0.1)
@@ -343,7 +346,7 @@ def test_injected_faults_in_a_tool_env_are_json_errors_and_read_as_transient(sho
     assert result.info["fault"] == kind and result.observation.error
     error = json.loads(result.observation.text)["error"]
     assert isinstance(error, str) and error
-    judge = Judge(JudgeWeights(), transient_patterns=env_extra(env, "transient_patterns"))
+    judge = Judge(JudgeWeights(), FailureRules.for_env(env))
     assert judge.failure_class(result.observation.text, flagged=True) == "transient"
 
 
@@ -356,7 +359,7 @@ def test_perturbed_json_stays_json_and_text_envs_keep_prose(shop_on_path):
     toy.reset(TASK)
     text = toy.step(Action.command("go east")).observation.text
     assert text == TRANSIENT_TEXT
-    assert Judge(JudgeWeights(), transient_patterns=toy.transient_patterns).failure_class(text, True) == "transient"
+    assert Judge(JudgeWeights(), FailureRules.for_env(toy)).failure_class(text, True) == "transient"
 
 
 def test_no_prompt_shows_the_same_observation_twice():

@@ -21,8 +21,9 @@ from simplan.core.text import SIMILARITIES
 from simplan.data.episode import FORMATS, PromptSettings
 from simplan.data.format import DEFAULT_MAX_FAILURES, DEFAULT_MAX_HISTORY
 from simplan.envs.base import Task
+from simplan.envs.failures import compile_patterns
 from simplan.inference.planning.arms import ARMS, arm_preset
-from simplan.inference.planning.judge import JudgeWeights, compile_patterns
+from simplan.inference.planning.judge import JudgeWeights
 from simplan.inference.planning.sim_accuracy import ACCURACY_FILE, SimulatorAccuracy
 
 DEFAULT_BUDGET = PromptSettings().budget

@@ -4,7 +4,7 @@ Used by the planner (inference/planning/planner.py) after imagination and by the
 rule. No model is involved: every part is a rule over the predicted texts and the episode's
 memory, so a trace shows exactly why a plan won.
 
-    judge = Judge(JudgeWeights(), error_patterns=env_error_patterns(env))
+    judge = Judge(JudgeWeights(), FailureRules.for_env(env))
     parts, total = judge.score(rollout_actions, predicted_obs, memory)
 
 Score parts (each already multiplied by its weight; the total is their sum). A rollout is scored up
@@ -37,7 +37,7 @@ geometric mean probability of the prediction's tokens. A confident prediction co
 counts (1 - w) at the least. A step without a confidence (not simulated, the env oracle, a backend without
 logprobs) counts fully.
 
-Failure classes (`Judge.failure_class`, envs/base.py EnvDefaults): a failed observation is transient
+Failure classes (`Judge.failure_class`, the one rule of envs/failures.py): a failed observation is transient
 (`transient_patterns`: retry the same call), replan (`replan_patterns`: the world changed under the plan)
 or permanent (anything else).
 """
@@ -45,75 +45,13 @@ or permanent (anything else).
 from __future__ import annotations
 
 import math
-import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from simplan.core.text import normalize
 from simplan.data.format import episode_verdict
-from simplan.envs.base import StepResult, env_extra
-
-# Phrases environments use to reject an action. Envs replace them with their own `error_patterns`
-# (regexes; envs/base.py EnvDefaults); configs add more with PlannerConfig.error_patterns.
-DEFAULT_ERROR_PATTERNS: tuple[str, ...] = (
-    r"\byou can'?t\b",
-    r"\byou cannot\b",
-    r"\bcan not\b",
-    r"\bnot (a )?valid\b",
-    r"\binvalid\b",
-    r"\bunknown (command|action|verb|tool|function)\b",
-    r"\bi (don'?t|do not) understand\b",
-    r"\bno such\b",
-    r"\bnot found\b",
-    r"\berror\b",
-    r"\bfailed\b",
-    r"\bnothing happens\b",
-    r"\bthat'?s not something\b",
-    r"\byou need\b",
-)
-# Phrases that signal progress or reward (a predicted observation that contains one is promising).
-DEFAULT_PROGRESS_PATTERNS: tuple[str, ...] = (
-    r"\byou (take|pick up|open|unlock|put|place|win|won|complete|completed)\b",
-    r"\bscore\b",
-    r"\bcongratulations\b",
-    r"\bwell done\b",
-    r"\bsuccess(fully)?\b",
-    r"\btask (is )?(complete|done)\b",
-    r"\bis now (open|on|active)\b",
-)
-
-
-def compile_patterns(patterns: Iterable[str]) -> list[re.Pattern[str]]:
-    out = []
-    for p in patterns:
-        try:
-            out.append(re.compile(p, re.IGNORECASE))
-        except re.error as e:
-            raise ValueError(f"pattern {p!r} is not a valid regular expression ({e}); fix error_patterns") from None
-    return out
-
-
-def env_patterns(env: Any, attr: str, defaults: Sequence[str], extra: Sequence[str] = ()) -> list[str]:
-    """The env's own patterns (`error_patterns` / `progress_patterns`, envs/base.py EnvDefaults) or the
-    defaults, plus extras."""
-    own = env_extra(env, attr)
-    return list(own if own else defaults) + list(extra)
-
-
-def looks_like_error(text: str, patterns: Sequence[re.Pattern[str]] | None = None) -> bool:
-    """True when an observation reads like a rejected or failed action (any pattern matches)."""
-    pats = patterns if patterns is not None else _DEFAULT_ERROR_RE
-    return any(p.search(text or "") for p in pats)
-
-
-def mentions_progress(text: str, patterns: Sequence[re.Pattern[str]] | None = None) -> bool:
-    pats = patterns if patterns is not None else _DEFAULT_PROGRESS_RE
-    return any(p.search(text or "") for p in pats)
-
-
-_DEFAULT_ERROR_RE = compile_patterns(DEFAULT_ERROR_PATTERNS)
-_DEFAULT_PROGRESS_RE = compile_patterns(DEFAULT_PROGRESS_PATTERNS)
+from simplan.envs.base import StepResult
+from simplan.envs.failures import DEFAULT_PROGRESS_PATTERNS, FailureRules, compile_patterns, mentions_progress
 
 
 @dataclass
@@ -185,35 +123,27 @@ def trust(mean_logprob: float | None, weight: float) -> float:
 
 
 class Judge:
+    """Scores rollouts (module docstring). `rules`: what counts as a failure and of which class (envs/failures.py)."""
+
     def __init__(
         self,
         weights: JudgeWeights,
-        error_patterns: Sequence[str] = DEFAULT_ERROR_PATTERNS,
+        rules: FailureRules | None = None,
         progress_patterns: Sequence[str] = DEFAULT_PROGRESS_PATTERNS,
-        transient_patterns: Sequence[str] = (),
-        replan_patterns: Sequence[str] = (),
         accept_patterns: Sequence[str] = (),
     ) -> None:
         self.w = weights
-        self.error_re = compile_patterns(error_patterns)
+        self.rules = rules if rules is not None else FailureRules()
         self.progress_re = compile_patterns(progress_patterns)
-        self.transient_re = compile_patterns(transient_patterns)
-        self.replan_re = compile_patterns(replan_patterns)
         self.accept_re = compile_patterns(accept_patterns)
 
-    def is_error(self, text: str) -> bool:
-        return looks_like_error(text, self.error_re)
+    def is_error(self, text: str | None) -> bool:
+        return self.rules.is_error(text)
 
     def failure_class(self, text: str, flagged: bool = False) -> str | None:
-        """The class of an observation (envs/base.py FAILURE_CLASSES), None when it is no failure. `flagged`:
-        the env set `Observation.error`."""
-        if not (flagged or self.is_error(text)):
-            return None
-        if any(p.search(text or "") for p in self.transient_re):
-            return "transient"
-        if any(p.search(text or "") for p in self.replan_re):
-            return "replan"
-        return "permanent"
+        """The class of an observation (envs/failures.py), None when it is no failure. `flagged`: the env set
+        `Observation.error`."""
+        return self.rules.failure_class(text, flagged)
 
     def goal_met(self, predicted: str | None) -> bool | None:
         """The verdict a predicted observation after a finish gives: None when the env declares no

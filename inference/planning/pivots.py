@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from simplan.core.text import SIMILARITIES, normalize, similarity
-from simplan.inference.planning.judge import looks_like_error
+from simplan.envs.failures import FailureRules, looks_like_error
 from simplan.inference.planning.trace import SEVERITIES, PivotEvent
 
 
@@ -86,7 +86,7 @@ def _check_severity(severity: str) -> str:
 class ErrorObservation:
     """The environment rejected the action (its error flag) or answered with error-like text."""
 
-    patterns: Sequence[re.Pattern[str]] | None = None  # None: judge.DEFAULT_ERROR_PATTERNS
+    patterns: Sequence[re.Pattern[str]] | None = None  # None: envs/failures.py DEFAULT_ERROR_PATTERNS
     severity: str = "error"
     name: str = "error_observation"
 
@@ -111,8 +111,7 @@ class ErrorObservation:
 class TransientError:
     """The last action failed transiently (a 503, "try again"): the same call may work if repeated."""
 
-    patterns: Sequence[re.Pattern[str]] = ()  # the env's `transient_patterns` (envs/base.py EnvDefaults)
-    error_patterns: Sequence[re.Pattern[str]] | None = None  # None: judge.DEFAULT_ERROR_PATTERNS
+    rules: FailureRules = field(default_factory=FailureRules)  # the env's failure classes (envs/failures.py)
     max_retries: int = 2
     severity: str = "error"
     name: str = "transient_error"
@@ -123,8 +122,7 @@ class TransientError:
             raise ValueError(f"transient max_retries: must be >= 0, got {self.max_retries}")
 
     def is_transient(self, rec: StepRecord) -> bool:
-        failed = rec.error or looks_like_error(rec.observation, self.error_patterns)
-        return failed and any(p.search(rec.observation) for p in self.patterns)
+        return self.rules.is_transient(rec.observation, rec.error)
 
     def attempts(self, history: Sequence[StepRecord]) -> int:
         """How many times in a row, up to the last step, the last step's action failed transiently."""

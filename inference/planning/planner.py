@@ -80,6 +80,7 @@ from simplan.envs.base import (
     env_extra,
     missing_from_complete_list,
 )
+from simplan.envs.failures import DEFAULT_PROGRESS_PATTERNS, FailureRules, env_patterns
 from simplan.inference.engines.base import (
     Engine,
     GenerationRequest,
@@ -89,15 +90,7 @@ from simplan.inference.engines.base import (
 )
 from simplan.inference.engines.model_free import ModelFreeEngine
 from simplan.inference.planning.config import Budgets, PlannerConfig, Router, load_simulator_accuracy
-from simplan.inference.planning.judge import (
-    DEFAULT_ERROR_PATTERNS,
-    DEFAULT_PROGRESS_PATTERNS,
-    Judge,
-    JudgeMemory,
-    Outcome,
-    env_patterns,
-    is_finish,
-)
+from simplan.inference.planning.judge import Judge, JudgeMemory, Outcome, is_finish
 from simplan.inference.planning.oracle import EnvOracle, OracleError, executed_actions, same_env_factory
 from simplan.inference.planning.pivots import (
     PivotContext,
@@ -270,18 +263,11 @@ class Planner:
         self.count_tokens = count_tokens
         self.prompts = PlannerPrompts.for_engine(engine, config, tokenizer)
         self.fitter = PromptFitter(count_tokens, self.prompts.decider_settings.budget, tokenizer)
-        error_patterns = env_patterns(env, "error_patterns", DEFAULT_ERROR_PATTERNS, config.error_patterns)
+        failures = FailureRules.for_env(env, config.error_patterns, config.transient_patterns, config.replan_patterns)
         progress_patterns = env_patterns(env, "progress_patterns", DEFAULT_PROGRESS_PATTERNS, config.progress_patterns)
-        self.judge = Judge(
-            config.weights(),
-            error_patterns,
-            progress_patterns,
-            transient_patterns=env_patterns(env, "transient_patterns", (), config.transient_patterns),
-            replan_patterns=env_patterns(env, "replan_patterns", (), config.replan_patterns),
-            accept_patterns=env_patterns(env, "accept_patterns", ()),
-        )
+        self.judge = Judge(config.weights(), failures, progress_patterns, env_patterns(env, "accept_patterns", ()))
         # Checked before the monitor's rules: a transient failure is retried, not a pivot (pivots.py).
-        self.transient = TransientError(self.judge.transient_re, self.judge.error_re, config.max_transient_retries)
+        self.transient = TransientError(failures, config.max_transient_retries)
         if rules is None:
             rules = default_rules(
                 mismatch_threshold=config.mismatch_threshold,
@@ -290,7 +276,7 @@ class Planner:
                 no_progress_steps=config.no_progress_steps,
                 min_score_drop=config.min_score_drop,
                 budget_fraction=config.budget_fraction,
-                error_patterns=self.judge.error_re,
+                error_patterns=failures.error,
             )
         self.rules = rules
         # router selective reads the simulator's per-verb accuracy (its adapter's simulator_accuracy.json).
