@@ -8,21 +8,23 @@
 `run_episode` dispatches an `EpisodeSpec` (data/recorder.py) to its policy (data/policies.py); an env that
 raises (a crashed JVM, `EnvCrashed`, any exception) yields an `errored` record with the message and a
 traceback, and the worker's `EnvHolder` then recreates its env. With `workers > 1` the episodes run in
-spawned processes (each creating its env once and reusing it), a bounded number in flight. `collect`
-(data/collect.py) drives it.
+spawned processes (each creating its env once and reusing it), a bounded number in flight (`pooled`, which
+counterfactual collection uses too). `collect` (data/collect.py) drives it.
 """
 
 from __future__ import annotations
 
+import functools
+import itertools
 import os
 import random
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from multiprocessing import get_context
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from simplan.data.policies import make_expert, run_branch, run_expert, run_losing_branch, run_noisy, run_random
 from simplan.data.recorder import EpisodeSpec, Recorder, jsonable
@@ -33,6 +35,9 @@ from simplan.envs.registry import make_env
 
 if TYPE_CHECKING:  # the config module runs the workers: a type-only import, no cycle at run time
     from simplan.data.collect import CollectConfig
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 @dataclass
@@ -162,23 +167,26 @@ def episode_outcomes(cfg: CollectConfig, todo: list[EpisodeSpec]) -> Iterator[Ep
         finally:
             holder.discard()
         return
+    factory = registry._REGISTERED.get(cfg.env)
+    initargs = (cfg.env, cfg.env_kwargs, factory)
+    yield from pooled(functools.partial(_worker_run, cfg=cfg), todo, cfg.workers, _worker_init, initargs)
+
+
+def pooled(
+    fn: Callable[[T], R], items: Iterable[T], workers: int, initializer: Callable[..., None], initargs: tuple = ()
+) -> Iterator[R]:
+    """`fn(item)` for every item in `workers` spawned processes, each set up once by `initializer(*initargs)`;
+    results in order of completion. `fn` and the items must pickle (module-level functions, dataclasses)."""
     # spawn: a fresh interpreter per worker; forking a process that talks to a JVM is unsafe.
     with ProcessPoolExecutor(
-        max_workers=cfg.workers,
-        mp_context=get_context("spawn"),
-        initializer=_worker_init,
-        initargs=(cfg.env, cfg.env_kwargs, registry._REGISTERED.get(cfg.env)),
+        max_workers=workers, mp_context=get_context("spawn"), initializer=initializer, initargs=initargs
     ) as pool:
-        # Keep a bounded number of episodes in flight so results stream back in order of completion.
-        pending, queue = set(), iter(todo)
-        for spec in queue:
-            pending.add(pool.submit(_worker_run, spec, cfg))
-            if len(pending) >= 4 * cfg.workers:
-                break
+        # Keep a bounded number of items in flight so results stream back in order of completion.
+        queue = iter(items)
+        pending = {pool.submit(fn, item) for item in itertools.islice(queue, 4 * workers)}
         while pending:
             finished, pending = wait(pending, return_when=FIRST_COMPLETED)
             for fut in finished:
                 yield fut.result()
-                nxt = next(queue, None)
-                if nxt is not None:
-                    pending.add(pool.submit(_worker_run, nxt, cfg))
+                for item in itertools.islice(queue, 1):
+                    pending.add(pool.submit(fn, item))

@@ -1,6 +1,7 @@
 """The trajectory schema: dataclasses in code, one JSON object per line on disk.
 
-Schema version 1 (`schema_version: 1`). A Trajectory is one episode:
+Schema version 2 (`schema_version: 2`; version-1 records read as version 2 without alternatives). A Trajectory
+is one episode:
 
     id            unique episode id ("{env}/{task_id}/{policy}/{attempt}")
     env, task     the environment name and the Task record (task_id, fold, family, params)
@@ -18,8 +19,16 @@ A Step is one real transition:
     source ("expert" | "noise" | "random" | "recovery" | "policy": who chose the action),
     next_observation, reward, score, done, won, error (the action failed or was invalid),
     expectation (the planner's predicted observation, or null), info (env extras),
-    notes (optional: lines the prompt showed with the observation, e.g. the planner's pivot reasons)
+    notes (optional: lines the prompt showed with the observation, e.g. the planner's pivot reasons),
+    alternatives (optional, version 2: list of Alternative, below; written only when there are some)
 
+An Alternative is what the real env returned when another action was played instead of the step's own,
+from the step's state (the state before the step; data/counterfactual.py plays them):
+
+    action, next_observation, reward, score, done, won, error (as in a Step),
+    outcome (one of data/outcomes.py OUTCOMES: "error", "no_change", "progress", "won", "lost")
+
+Consumers that do not ask for alternatives never see them: a Step's other fields are the recorded path.
 Check files with `simplan validate FILE`.
 """
 
@@ -30,11 +39,34 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from simplan.data.outcomes import OUTCOMES
 from simplan.envs.base import ACTION_KINDS, FOLDS, Action, Task
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READ_VERSIONS = (1, 2)  # a version-1 record is a version-2 record without alternatives
 STEP_SOURCES = ("expert", "noise", "random", "recovery", "policy")
 STATUSES = ("ok", "truncated", "errored")
+
+
+@dataclass
+class Alternative:
+    """What the real env returned when `action` was played instead of the step's own, from the step's state."""
+
+    action: Action
+    next_observation: str
+    reward: float = 0.0
+    score: float = 0.0
+    done: bool = False
+    won: bool = False
+    error: bool = False  # the env flagged the action as failed or invalid
+    outcome: str = "no_change"  # data/outcomes.py classify_outcome
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def _from_checked(d: dict[str, Any]) -> Alternative:
+        return Alternative(**{**d, "action": Action.from_dict(d["action"])})
 
 
 @dataclass
@@ -53,10 +85,13 @@ class Step:
     expectation: str | None = None
     info: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # shown with `observation` (the planner's pivot reasons)
+    alternatives: list[Alternative] = field(default_factory=list)  # other actions from this step's state
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["action"] = self.action.to_dict()
+        if not self.alternatives:  # optional: a record without alternatives reads as it did in version 1
+            del d["alternatives"]
         return d
 
     @staticmethod
@@ -72,6 +107,7 @@ class Step:
         d = dict(d)
         d["action"] = Action.from_dict(d["action"])
         d["info"] = d.get("info") or {}
+        d["alternatives"] = [Alternative._from_checked(a) for a in d.get("alternatives") or []]
         return Step(**d)
 
 
@@ -136,7 +172,7 @@ class Trajectory:
             status=d["status"],
             error=d.get("error"),
             meta=d.get("meta") or {},
-            schema_version=d["schema_version"],
+            schema_version=SCHEMA_VERSION,  # the one upgrade: a version-1 record is read as version 2
         )
 
 
@@ -166,9 +202,7 @@ _TOP: dict[str, tuple[type, ...]] = {
     "final_score": (int, float),
     "status": (str,),
 }
-_STEP: dict[str, tuple[type, ...]] = {
-    "index": (int,),
-    "observation": (str,),
+_TRANSITION: dict[str, tuple[type, ...]] = {  # what a step and an alternative both record of a transition
     "action": (dict,),
     "next_observation": (str,),
     "reward": (int, float),
@@ -176,9 +210,11 @@ _STEP: dict[str, tuple[type, ...]] = {
     "done": (bool,),
     "won": (bool,),
     "error": (bool,),
-    "source": (str,),
 }
+_STEP: dict[str, tuple[type, ...]] = {"index": (int,), "observation": (str,), **_TRANSITION, "source": (str,)}
 _STEP_FIELDS = frozenset(Step.__dataclass_fields__)
+_ALTERNATIVE: dict[str, tuple[type, ...]] = {**_TRANSITION, "outcome": (str,)}
+_ALTERNATIVE_FIELDS = frozenset(Alternative.__dataclass_fields__)
 
 
 def _kind(value: Any) -> str:
@@ -275,6 +311,32 @@ def action_problems(action: Any, prefix: str = "action.") -> list[str]:
     return problems
 
 
+def alternative_problems(alt: Any, prefix: str = "") -> list[str]:
+    """Problems of one alternative record, field names prefixed by `prefix` (e.g. 'steps[3].alternatives[0].').
+
+    Its outcome must agree with what the env said: an ending is "won" or "lost" by `won`, a flagged failure
+    that did not end the episode is "error"."""
+    if not isinstance(alt, dict):
+        return [f"{prefix[:-1] or '(alternative)'}: expected an object, got {_kind(alt)}"]
+    problems = _type_problems(alt, _ALTERNATIVE, prefix)
+    problems += [f"{prefix}{key}: not an alternative field" for key in alt if key not in _ALTERNATIVE_FIELDS]
+    if problems:
+        return problems
+    problems += action_problems(alt["action"], f"{prefix}action.")
+    outcome = alt["outcome"]
+    if outcome not in OUTCOMES:
+        return [*problems, f"{prefix}outcome: {outcome!r} is not one of {OUTCOMES}"]
+    if alt["done"]:
+        expected = "won" if alt["won"] else "lost"
+        if outcome != expected:
+            problems.append(f"{prefix}outcome: {outcome!r} but done is true and won {alt['won']} ({expected!r})")
+    elif outcome in ("won", "lost"):
+        problems.append(f"{prefix}outcome: {outcome!r} but done is false")
+    elif alt["error"] and outcome != "error":
+        problems.append(f"{prefix}outcome: {outcome!r} but error is true ('error')")
+    return problems
+
+
 def step_problems(step: Any, prefix: str = "") -> list[str]:
     """Problems of one step record, field names prefixed by `prefix` (e.g. 'steps[3].')."""
     if not isinstance(step, dict):
@@ -299,6 +361,12 @@ def step_problems(step: Any, prefix: str = "") -> list[str]:
     elif info:  # read by the prompt builder: a new user turn's goal and tools (BFCL)
         problems += _optional_problems(info, "goal", (str,), "a string", f"{prefix}info.")
         problems += _objects_problems(info.get("tools"), f"{prefix}info.tools")
+    alternatives = step.get("alternatives", [])
+    if not isinstance(alternatives, list):
+        problems.append(f"{prefix}alternatives: expected a list of objects, got {_kind(alternatives)}")
+    else:
+        for j, alt in enumerate(alternatives):
+            problems += alternative_problems(alt, f"{prefix}alternatives[{j}].")
     return problems
 
 
@@ -309,8 +377,9 @@ def validate_record(d: Any) -> list[str]:
     problems = _type_problems(d, _TOP, "")
     if problems:
         return problems
-    if d["schema_version"] != SCHEMA_VERSION:
-        problems.append(f"schema_version: {d['schema_version']} is not supported (expected {SCHEMA_VERSION})")
+    version = d["schema_version"]
+    if version not in READ_VERSIONS:
+        problems.append(f"schema_version: {version} is not supported (expected one of {READ_VERSIONS})")
     if not d["id"].strip():
         problems.append("id: empty")
     if d["status"] not in STATUSES:
@@ -332,5 +401,7 @@ def validate_record(d: Any) -> list[str]:
         found = step_problems(step, prefix)
         if not found and step["index"] != i:
             found.append(f"{prefix}index: {step['index']} but it is step {i}")
+        if not found and version == 1 and "alternatives" in step:
+            found.append(f"{prefix}alternatives: a version-2 field in a version-1 record; set schema_version to 2")
         problems += found
     return problems + _json_value_problems(d, "")

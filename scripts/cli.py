@@ -23,6 +23,10 @@ from collections.abc import MutableMapping
 COMMANDS: dict[str, tuple[str, str]] = {
     "envs": ("simplan.scripts.envs_cmd", "list environments, or check an adapter (envs list | envs check NAME)"),
     "collect": ("simplan.scripts.collect", "collect expert / noisy-expert / random trajectories"),
+    "counterfactuals": (
+        "simplan.scripts.counterfactuals",
+        "play other actions from every state of recorded trajectories (simulator data)",
+    ),
     "import": ("simplan.scripts.import_cmd", "convert OpenAI or ShareGPT chat transcripts into trajectory JSONL"),
     "validate": ("simplan.scripts.validate", "check trajectory JSONL files against the schema"),
     "build": ("simplan.scripts.build", "build the decider or simulator dataset from trajectories"),
