@@ -53,7 +53,7 @@ from simplan.data.build_rows import (
     conversation_features,
     conversation_rows,
     make_candidates,
-    openai_messages,
+    openai_conversations,
     step_features,
 )
 from simplan.data.build_stats import dataset_stats, stats_markdown
@@ -108,6 +108,18 @@ class BuildConfig:
             "([episode over: won] / [episode over: lost]), which the planner judges (experimental: on TWX a "
             "SmolLM2-135M simulator learned false 'lost' lines, see bench/RESULTS.md); false: observations only"
         },
+    )
+    outcomes: bool = field(
+        default=False,
+        metadata={
+            "help": "simulator, conversation format: every reply opens with its outcome line (error, no change, "
+            "progress, won, lost), which the planner scores per class; the steps' counterfactual alternatives "
+            "(`simplan counterfactuals`) become extra branches behind their state (data/build_branches.py)"
+        },
+    )
+    no_change_per_state: int = field(
+        default=2,
+        metadata={"help": "outcomes: alternatives that change nothing kept per state (every other class is kept)"},
     )
     max_completion_tokens: int | None = field(
         default=None,
@@ -196,6 +208,12 @@ class BuildConfig:
         if bad_copies:
             raise ValueError(f"oversample: copies must be whole numbers >= 1, got {bad_copies}")
         self.env = self.env or None  # '' (a YAML key left empty) means the default, as none does
+        if self.outcomes and self.format != "conversation":
+            raise ValueError(
+                "outcomes: needs --format conversation (the planner scores outcome lines of conversations)"
+            )
+        if self.no_change_per_state < 0:
+            raise ValueError(f"no_change_per_state: must be >= 0, got {self.no_change_per_state}")
         self.settings()  # validates the prompt settings (window overlap, reserve) here, naming the field
 
     def settings(self) -> PromptSettings:
@@ -209,6 +227,7 @@ class BuildConfig:
             max_failures=self.max_failures,
             max_history=self.max_history,
             verdicts=self.verdicts and self.role == "simulator",  # a decider's replies are actions
+            outcomes=self.outcomes and self.role == "simulator",
         )
 
 
@@ -297,7 +316,7 @@ def build(cfg: BuildConfig, tokenizer: Any = None) -> BuildResult:
     for fold in FOLDS:
         path = out / f"{fold}.jsonl"
         if fold in folds:
-            write_jsonl(path, ({"messages": openai_messages(r)} for r in rows.get(fold, [])))
+            write_jsonl(path, ({"messages": m} for r in rows.get(fold, []) for m in openai_conversations(r)))
             paths[fold] = str(path)
         elif path.exists():
             path.unlink()  # a fold from an earlier build into the same folder

@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from simplan.data import format as fmt
+from simplan.data.build_branches import branch_messages, branch_rows
 from simplan.data.episode import EpisodeState, renderer_for
 from simplan.data.trajectory import Trajectory
 from simplan.envs.actions import render_action
@@ -243,11 +244,18 @@ def conversation_rows(
     renderer = renderer_for(cfg.settings(), tokenizer)
     counts.update(reason for traj in trajectories for step in traj.steps if (reason := skip_reason(step, cfg)))
     pending: list[tuple[Trajectory, EpisodeState, Any]] = []
+    branches: list[tuple[Trajectory, dict[str, Any]]] = []
+    seen_branches: set[bytes] = set()
+    with_branches = cfg.role == "simulator" and cfg.settings().outcomes
     for traj in tqdm(trajectories, desc=f"build {cfg.role}: windows", unit="episode", disable=not cfg.progress):
         state = EpisodeState.from_trajectory(
             traj, lambda step: skip_reason(step, cfg) is None, failure_rules(traj, cfg)
         )
         pending += [(traj, state, ex) for ex in renderer.examples(state, cfg.role)]
+        if with_branches:
+            found, outcomes = branch_rows(traj, state, renderer, cfg, seen_branches)
+            branches += [(traj, row) for row in found]
+            counts.update({f"branch_outcome_{k}": v for k, v in outcomes.items()})
     dedup: Counter = Counter()
     if cfg.dedupe:  # a turn trained before with the same context (a branch's shared prefix) is context here
         seen: set[bytes] = set()
@@ -299,9 +307,62 @@ def conversation_rows(
                 "completion_tokens": n_trained,
                 "history_kept": ex.window[1] - ex.window[0],
                 "history_dropped": ex.window[0],
+                "branches": [],
             }
         )
+    for traj, row in branches:
+        for part in _fitting_parts(row, tokenizer, count, count_texts, longest, counts):
+            rows[traj.task.fold].append(_branch_row(traj, part, cfg))
     return dict(rows), dict(dedup)
+
+
+def _fitting_parts(
+    row: dict[str, Any], tokenizer: Any, count: Any, count_texts: Any, longest: int, counts: Counter
+) -> list[dict[str, Any]]:
+    """A branch row cut into rows whose packed sequence (prefix + branches) fits `longest` tokens, each with its
+    token counts; a branch that does not fit behind its prefix alone is dropped and counted."""
+    (prefix_tokens,) = count([row["messages"]])
+    texts = [[b["action"], fmt.completion_text(tokenizer, b["reply"])] for b in row["branches"]]
+    sizes = iter(count_texts([t for pair in texts for t in pair]))
+    costs = [next(sizes) + next(sizes) + 8 for _ in texts]  # + the two messages' template tokens
+    parts: list[dict[str, Any]] = []
+    current: list[dict[str, Any]] = []
+    used = prefix_tokens
+    for branch, cost in zip(row["branches"], costs):
+        if prefix_tokens + cost > longest:
+            counts["branch_over_budget"] += 1
+            continue
+        if current and used + cost > longest:
+            parts.append({**row, "branches": current, "prompt_tokens": prefix_tokens, "packed_tokens": used})
+            current, used = [], prefix_tokens
+        current.append(branch)
+        used += cost
+    if current:
+        parts.append({**row, "branches": current, "prompt_tokens": prefix_tokens, "packed_tokens": used})
+    return parts
+
+
+def _branch_row(traj: Trajectory, part: dict[str, Any], cfg: BuildConfig) -> dict[str, Any]:
+    """A row of the conversation dataset that holds a shared prefix and its branches (data/build_branches.py)."""
+    n, t = len(part["messages"]), part["step"]
+    return {
+        "messages": part["messages"],
+        "weights": [0] * n,
+        "steps": [-1] + [t] * (n - 1),
+        "valid_actions": [[] for _ in range(n)],
+        "sources": [""] * n,
+        "errors": [False] * n,
+        **trajectory_meta(traj),
+        "role": cfg.role,
+        "window_start": t,
+        "window_end": t,
+        "trained_turns": len(part["branches"]),
+        "prompt_tokens": part["packed_tokens"],
+        "completion_tokens": part["packed_tokens"] - part["prompt_tokens"],
+        "history_kept": 0,
+        "history_dropped": t,
+        "branches": part["branches"],
+    }
 
 
 def _dedupe_turns(ex: Any, fold: str, seen: set[bytes]) -> Any:
@@ -342,6 +403,14 @@ def conversation_features():
             "completion_tokens": Value("int32"),
             "history_kept": Value("int32"),
             "history_dropped": Value("int32"),
+            "branches": List(
+                {
+                    "action": Value("string"),
+                    "reply": Value("string"),
+                    "outcome": Value("string"),
+                    "error": Value("bool"),
+                }
+            ),
         }
     )
 
@@ -352,7 +421,18 @@ def step_rows(row: dict[str, Any]) -> list[dict[str, Any]]:
     if "weights" not in row:
         return [row]
     meta = {k: row[k] for k in ("env", "task_id", "fold", "family", "trajectory_id", "policy", "role")}
-    out = []
+    out = [
+        {
+            "prompt": branch_messages(row["messages"], b)[:-1],
+            "completion": b["reply"],
+            **meta,
+            "step": row["window_start"],
+            "source": "alternative",
+            "error": b["error"],
+            "valid_actions": [],
+        }
+        for b in row.get("branches") or []
+    ]
     for i, (m, w) in enumerate(zip(row["messages"], row["weights"])):
         if m["role"] != "assistant" or not w:
             continue
@@ -371,10 +451,25 @@ def step_rows(row: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def openai_messages(row: dict[str, Any]) -> list[dict[str, Any]]:
-    """A row as OpenAI fine-tuning messages: assistant turns carry `weight` (1 trains, 0 is context)."""
+    """A row as OpenAI fine-tuning messages: assistant turns carry `weight` (1 trains, 0 is context). A branch row
+    is one conversation per branch (`openai_conversations`), so this gives its first."""
     if "weights" not in row:
         return row["messages"]
+    if row.get("branches"):
+        return openai_conversations(row)[0]
     out = []
     for m, w in zip(row["messages"], row["weights"]):
         out.append({**m, "weight": int(w)} if m["role"] == "assistant" else dict(m))
     return out
+
+
+def openai_conversations(row: dict[str, Any]) -> list[list[dict[str, Any]]]:
+    """A row as the OpenAI fine-tuning conversations it trains: one for a window, one per branch of a branch row
+    (the shared prefix as context, weight 1 on the branch's reply only)."""
+    if not row.get("branches"):
+        return [openai_messages(row)]
+    return [
+        [{**m, "weight": 0} if m["role"] == "assistant" else dict(m) for m in branch_messages(row["messages"], b)[:-1]]
+        + [{"role": "assistant", "content": b["reply"], "weight": 1}]
+        for b in row["branches"]
+    ]

@@ -61,6 +61,7 @@ def stats_markdown(stats: dict[str, Any]) -> str:
     lines += ["", "| dropped or skipped | count |", "|---|---:|"]
     dropped = {**stats["dropped"], **{f"skipped: {k}": v for k, v in stats["skipped"].items()}}
     lines += [f"| {k} | {v} |" for k, v in dropped.items()] or ["| (none) | 0 |"]
+    lines += _branch_lines(stats.get("branches"))
     h = stats["history"]
     lines += [
         "",
@@ -79,6 +80,35 @@ def _oversample_line(oversampled: dict[str, Any] | None) -> list[str]:
         f"{policy} x{n} (+{oversampled['rows_added'].get(policy, 0)})" for policy, n in oversampled["copies"].items()
     ]
     return [f"- train examples repeated by policy (oversample; rows added): {', '.join(parts)}"]
+
+
+def _branch_stats(rows: list[dict[str, Any]], counts: Counter) -> dict[str, Any] | None:
+    """Counterfactual branch rows (data/build_branches.py): rows, branches, branches by outcome and by fold."""
+    with_branches = [r for r in rows if r.get("branches")]
+    if not with_branches and not counts.get("branch_over_budget"):
+        return None
+    by_outcome = Counter(b["outcome"] for r in with_branches for b in r["branches"])
+    return {
+        "rows": len(with_branches),
+        "branches": sum(by_outcome.values()),
+        "by_outcome": dict(sorted(by_outcome.items())),
+        "by_fold": dict(sorted(Counter(r["fold"] for r in with_branches for _ in r["branches"]).items())),
+        "over_budget": counts.get("branch_over_budget", 0),
+    }
+
+
+def _branch_lines(branches: dict[str, Any] | None) -> list[str]:
+    if not branches:
+        return []
+    lines = [
+        "",
+        f"Counterfactual branches: {branches['branches']} in {branches['rows']} rows behind shared prefixes "
+        f"({branches['over_budget']} dropped over the budget).",
+        "",
+        "| outcome | branches |",
+        "|---|---:|",
+    ]
+    return lines + [f"| {k} | {v} |" for k, v in branches["by_outcome"].items()]
 
 
 def _trained_by_source(rows: list[dict[str, Any]]) -> dict[str, int]:
@@ -127,6 +157,7 @@ def dataset_stats(
             **{k: v for k, v in sorted(counts.items()) if k.startswith("source_")},
         },
         "dedup": {"total": sum(dedup.values()), "by_fold": dedup},
+        "branches": _branch_stats(all_rows, counts),
         "history": {
             "examples_truncated": sum(1 for r in all_rows if r["history_dropped"]),
             "steps_dropped": sum(r["history_dropped"] for r in all_rows),

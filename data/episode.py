@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from simplan.data.format import (
     CONVERSATION_DECIDER_SYSTEM,
+    CONVERSATION_OUTCOME_SIMULATOR_SYSTEM,
     CONVERSATION_SIMULATOR_SYSTEM,
     SECTION_FAILURES,
     SECTION_GOAL,
@@ -51,14 +52,16 @@ from simplan.data.format import (
     episode_verdict,
     failure_note,
     observation_completion,
+    outcome_line,
     render_tools,
     text_token_counter,
 )
+from simplan.data.outcomes import classify_outcome
 from simplan.envs.actions import render_action
 from simplan.envs.failures import FailureRules, rules_of_env
 
 if TYPE_CHECKING:
-    from simplan.data.trajectory import Trajectory
+    from simplan.data.trajectory import Step, Trajectory
 
 Messages = list[dict[str, str]]
 ROLES = ("decider", "simulator")
@@ -85,6 +88,9 @@ class PromptSettings:
     # VERDICT_MARKER), which the planner splits off and judges. False where the key is missing: an adapter
     # trained before it never writes the line, and its replies are read as they are.
     verdicts: bool = False
+    # Simulator: every reply opens with its outcome line (data/format.py OUTCOME_MARKER: error, no change,
+    # progress, won, lost), which the planner scores per class instead of generating text. Replaces verdicts.
+    outcomes: bool = False
 
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
@@ -92,8 +98,11 @@ class PromptSettings:
         for name, low in (("budget", 1), ("reserve", 0), ("overlap", 0), ("max_failures", 0), ("max_history", 0)):
             if getattr(self, name) is not None and getattr(self, name) < low:
                 raise ValueError(f"{name}: must be >= {low}, got {getattr(self, name)!r}")
-        if not isinstance(self.verdicts, bool):
-            raise ValueError(f"verdicts: must be true or false, got {self.verdicts!r}")
+        for name in ("verdicts", "outcomes"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}: must be true or false, got {getattr(self, name)!r}")
+        if self.verdicts and self.outcomes:
+            raise ValueError("verdicts and outcomes: choose one; an outcome line says won or lost already")
         if self.format == "conversation" and self.reserve >= self.budget:
             raise ValueError(f"reserve: {self.reserve} leaves nothing of the budget {self.budget}")
 
@@ -160,6 +169,7 @@ class Turn:
     learn: bool = True  # a training target of the role the state was built for
     imagined: bool = False
     verdict: str | None = None  # "won" / "lost": this step ended the episode (data/format.py episode_verdict)
+    outcome: str | None = None  # what the step led to (data/outcomes.py OUTCOMES), where known
 
 
 @dataclass
@@ -190,14 +200,17 @@ class EpisodeState:
         learn: bool = True,
         imagined: bool = False,
         failure: str | None = None,
+        outcome: str | None = None,
     ) -> EpisodeState:
         """Close the open turn with `action` and open the next one at `observation`; returns self. `failure`:
-        the class of a failed step (the planner's judge decides it), None when unknown."""
+        the class of a failed step (the planner's judge decides it), None when unknown; `outcome`: what the step
+        led to (data/outcomes.py), None when unknown."""
         turn = self.current
         if turn.action is not None:
             raise ValueError("EpisodeState.step: the last turn is closed already (the episode ended)")
         turn.action, turn.next_observation, turn.error, turn.learn = action, observation, error, learn
         turn.failure = failure if error else None
+        turn.outcome = outcome
         turn.imagined = turn.imagined or imagined
         self.turns.append(
             Turn(
@@ -249,6 +262,7 @@ class EpisodeState:
                     failure="transient" if s.error and failures.is_transient(s.next_observation, True) else None,
                     learn=learn(s),
                     verdict=episode_verdict(s.done, s.won),
+                    outcome=step_outcome(s, traj.steps[i - 1].score if i > 0 else 0.0, failures),
                 )
             )
         if traj.steps:
@@ -263,6 +277,11 @@ class EpisodeState:
         else:
             turns.append(Turn(observation=traj.initial_observation, goal=goal, tools=tools))
         return EpisodeState(turns)
+
+
+def step_outcome(step: Step, score_before: float, failures: FailureRules) -> str:
+    """What a recorded step led to (data/outcomes.py), from its own fields and the score before it."""
+    return classify_outcome(step.error, step.next_observation, score_before, step.score, step.done, step.won, failures)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -307,7 +326,7 @@ class ConversationRenderer:
     def system(self, state: EpisodeState, start: int, role: str) -> str:
         turn = state.turns[start]
         parts = [
-            CONVERSATION_DECIDER_SYSTEM if role == "decider" else CONVERSATION_SIMULATOR_SYSTEM,
+            self._system_text(role),
             SECTION_GOAL.format(goal=turn.goal.strip()),
         ]
         if turn.tools:
@@ -320,6 +339,11 @@ class ConversationRenderer:
         if role == "simulator":
             parts.append(SECTION_START.format(observation=turn.observation.strip()))
         return "\n\n".join(parts)
+
+    def _system_text(self, role: str) -> str:
+        if role == "decider":
+            return CONVERSATION_DECIDER_SYSTEM
+        return CONVERSATION_OUTCOME_SIMULATOR_SYSTEM if self.settings.outcomes else CONVERSATION_SIMULATOR_SYSTEM
 
     def failures_before(self, state: EpisodeState, start: int) -> list[str]:
         """Failure notes of the failed steps before `start`: distinct, newest last, the newest `max_failures`.
@@ -348,8 +372,22 @@ class ConversationRenderer:
 
     def simulator_reply(self, turn: Turn) -> str:
         """The simulator's assistant turn of a closed step: the observation, with the verdict line when the step
-        ended the episode and the settings ask for verdicts."""
-        return observation_completion(turn.next_observation or "", turn.verdict if self.settings.verdicts else None)
+        ended the episode and the settings ask for verdicts, or after its outcome line when they ask for those."""
+        verdict = turn.verdict if self.settings.verdicts else None
+        return observation_completion(turn.next_observation or "", verdict, self._outcome(turn))
+
+    def _outcome(self, turn: Turn) -> str | None:
+        if not self.settings.outcomes:
+            return None
+        if turn.outcome is None:
+            raise ValueError(f"step {turn.action!r}: the simulator's settings ask for outcomes and it has none")
+        return turn.outcome
+
+    def _reply_counted(self, turn: Turn) -> str:
+        """The part of a simulator reply window boundaries count: the outcome line (when the settings ask for one
+        and the step has it) and the observation."""
+        head = outcome_line(turn.outcome) if self.settings.outcomes and turn.outcome else ""
+        return head + (turn.next_observation or "")
 
     # -- windows ---------------------------------------------------------------------------------
     def _count(self, texts: list[str]) -> list[int]:
@@ -372,7 +410,7 @@ class ConversationRenderer:
         else:
             prompts = [state.turns[t].action or "" for t in range(n)]
             # Without the verdict line: it closes the episode's last step, which no later step's window counts.
-            replies = [state.turns[t].next_observation or "" for t in range(n)]
+            replies = [self._reply_counted(state.turns[t]) for t in range(n)]
         p_tok = self._count(prompts)
         r_tok = self._count(replies)
         budget = self.settings.budget - self.settings.reserve

@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from simplan.data.outcomes import OUTCOMES
 from simplan.envs.actions import render_action
 from simplan.envs.base import Action
 from simplan.envs.failures import FailureRules
@@ -61,6 +62,11 @@ CONVERSATION_SIMULATOR_SYSTEM = (
     "You are the simulator of an environment. Each user turn is an action; reply with exactly the "
     "observation the environment returns after it."
 )
+CONVERSATION_OUTCOME_SIMULATOR_SYSTEM = (
+    "You are the simulator of an environment. Each user turn is an action; reply with what it leads to on the "
+    "first line (Outcome: error, no change, progress, won or lost), then exactly the observation the environment "
+    "returns after it."
+)
 SECTION_START = "Observation:\n{observation}"
 SECTION_NOTE = "Note: {note}"
 SECTION_NEW_TOOLS = "Tools now:\n{tools}"
@@ -79,6 +85,10 @@ ERROR_MARK = " [failed]"
 # which the episode's final text alone often does not show (a TWX game lost on one wrong action says nothing).
 VERDICT_MARKER = "[episode over: {verdict}]"
 VERDICTS = ("won", "lost")
+# The first line of a simulator reply with PromptSettings.outcomes: what the action leads to, one of
+# data/outcomes.py OUTCOMES (written with spaces: "no change"). First, so the planner can score the classes
+# teacher-forced from the prompt alone (`outcome_line` of each class), without generating the observation.
+OUTCOME_MARKER = "Outcome: {outcome}"
 
 
 @dataclass
@@ -239,11 +249,30 @@ def simulator_messages(state: PromptState, action: Action | str) -> Messages:
     return [{"role": "system", "content": SIMULATOR_SYSTEM}, {"role": "user", "content": user}]
 
 
-def observation_completion(observation: str, verdict: str | None = None) -> str:
-    """The simulator's reply: the observation, then, for a step that ended the episode (`episode_verdict`), the
-    verdict line. Both formats' builders and the conversation renderer write every simulator reply with it."""
+def observation_completion(observation: str, verdict: str | None = None, outcome: str | None = None) -> str:
+    """The simulator's reply: with `outcome`, its outcome line first; the observation; then, for a step that ended
+    the episode (`episode_verdict`), the verdict line. Both formats' builders and the conversation renderer write
+    every simulator reply with it."""
     text = observation.strip()
-    return text if verdict is None else f"{text}\n{verdict_line(verdict)}"
+    text = text if verdict is None else f"{text}\n{verdict_line(verdict)}"
+    return text if outcome is None else outcome_line(outcome) + text
+
+
+def outcome_line(outcome: str) -> str:
+    """The outcome line of a simulator reply, its newline included: the prefix the planner scores per class."""
+    if outcome not in OUTCOMES:
+        raise ValueError(f"outcome: {outcome!r} is not one of {', '.join(OUTCOMES)}")
+    return OUTCOME_MARKER.format(outcome=outcome.replace("_", " ")) + "\n"
+
+
+def split_outcome(text: str) -> tuple[str, str | None]:
+    """(the reply without its outcome line, the outcome class or None) of a simulator reply. Strict: only a first
+    line that is exactly an outcome line is one; anything else is the observation, returned as it is."""
+    first, sep, rest = text.lstrip().partition("\n")
+    for outcome in OUTCOMES:
+        if first.strip() == OUTCOME_MARKER.format(outcome=outcome.replace("_", " ")):
+            return rest.strip(), outcome
+    return text, None
 
 
 def episode_verdict(done: bool, won: bool) -> str | None:

@@ -71,6 +71,17 @@ def _accepts_logits_to_keep(model: torch.nn.Module) -> bool:
     return "logits_to_keep" in inspect.signature(inner.forward).parameters
 
 
+def real_tokens(inputs: dict[str, torch.Tensor]) -> int:
+    """Non-padding tokens of a batch. A 4D tree mask (training/packing.py) has no padding column to sum: a real
+    token attends to the sequence's first token, a padding token only to itself."""
+    mask = inputs.get("attention_mask")
+    if mask is None:
+        return inputs["input_ids"].numel()
+    if mask.dim() == 4:
+        return int((mask[:, 0, :, 0] == 0).sum())
+    return int(mask.sum())
+
+
 class SimplanTrainer(Trainer):
     """transformers Trainer that computes the LM head at completion positions only and counts tokens."""
 
@@ -88,8 +99,7 @@ class SimplanTrainer(Trainer):
         num_items_in_batch: torch.Tensor | int | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, Any]:
         if model.training:
-            mask = inputs.get("attention_mask")
-            self.tokens_seen += int(mask.sum()) if mask is not None else inputs["input_ids"].numel()
+            self.tokens_seen += real_tokens(inputs)
         if not self.completion_only_logits:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         if not self.model_accepts_loss_kwargs:

@@ -16,7 +16,7 @@ are dropped and counted, never cut. `PaddingCollator` pads a batch to its longes
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +87,8 @@ def tokenize_dataset(dataset: Any, tokenizer: Any, max_length: int, desc: str = 
     rows (`prompt` + `completion`) on the completion."""
     columns = dataset.column_names
     if "weights" in columns and "messages" in columns:
+        if has_branches(dataset):
+            return _tokenize(dataset, max_length, desc, _branch_encoder(tokenizer))
         return _tokenize(dataset, max_length, desc, _conversation_encoder(tokenizer))
     for column in ("prompt", "completion"):
         if column not in columns:
@@ -104,6 +106,55 @@ def _conversation_encoder(tokenizer: Any) -> Any:
             ex = tokenize_conversation(tokenizer, messages, weights)
             out["input_ids"].append(ex["input_ids"])
             out["labels"].append(ex["labels"])
+            out["length"].append(len(ex["input_ids"]))
+        return out
+
+    return encode
+
+
+def has_branches(dataset: Any) -> bool:
+    """Whether a conversation dataset holds branch rows (counterfactual alternatives behind a shared prefix,
+    data/build_branches.py): then every row is tokenized with position and segment ids for BranchCollator."""
+    return "branches" in dataset.column_names and any(len(b) for b in dataset["branches"])
+
+
+def tokenize_branches(
+    tokenizer: Any, prefix: list[dict[str, str]], branches: list[dict[str, Any]]
+) -> dict[str, list[int]]:
+    """A branch row as one packed sequence (training/packing.py): the prefix once, then each branch's action and
+    reply, loss on the replies (+ EOS) only. Each branch is tokenized as the whole conversation prefix + branch,
+    so its tokens are exactly those of that conversation; a template that renders the prefix differently inside
+    a longer conversation is refused."""
+    from simplan.data.build_branches import branch_messages
+    from simplan.training.packing import pack_branches
+
+    prefix_ids = tokenize_conversation(tokenizer, prefix, [0] * len(prefix))["input_ids"]
+    parts = []
+    for b in branches:
+        messages = branch_messages(prefix, b)
+        whole = tokenize_conversation(tokenizer, messages, [0] * (len(messages) - 1) + [1])
+        if whole["input_ids"][: len(prefix_ids)] != prefix_ids:
+            raise ValueError(
+                "the chat template renders a conversation's start differently once a turn follows; branch rows "
+                "need a prefix-preserving template (build without --outcomes, or use another model)"
+            )
+        parts.append((whole["input_ids"][len(prefix_ids) :], whole["labels"][len(prefix_ids) :]))
+    return asdict(pack_branches(prefix_ids, parts))
+
+
+def _branch_encoder(tokenizer: Any) -> Any:
+    """Conversation rows with position and segment ids: windows as one causal segment, branch rows packed."""
+
+    def encode(batch: dict[str, list]) -> dict[str, list]:
+        out: dict[str, list] = {k: [] for k in ("input_ids", "labels", "position_ids", "segment_ids", "length")}
+        for messages, weights, branches in zip(batch["messages"], batch["weights"], batch["branches"]):
+            if branches:
+                ex = tokenize_branches(tokenizer, messages, branches)
+            else:
+                ex = tokenize_conversation(tokenizer, messages, weights)
+                ex |= {"position_ids": list(range(len(ex["input_ids"]))), "segment_ids": [0] * len(ex["input_ids"])}
+            for k in ("input_ids", "labels", "position_ids", "segment_ids"):
+                out[k].append(ex[k])
             out["length"].append(len(ex["input_ids"]))
         return out
 

@@ -59,6 +59,7 @@ from simplan.training.examples import (
     tokenized_splits,
 )
 from simplan.training.lora import load_model_for_training, read_lora_init, save_adapter, use_bf16
+from simplan.training.packing import BranchCollator
 
 
 def report_to(train_args: TrainArguments) -> list[str]:
@@ -199,11 +200,13 @@ def _make_trainer(
     model: Any, tokenizer: Any, splits: TokenizedSplits, train_args: TrainArguments, bf16: bool, callbacks: list
 ) -> SimplanTrainer:
     """The Trainer over the tokenized splits, with the batching the run asks for."""
-    collator = (
-        PackingCollator()
-        if train_args.batching == "packed"
-        else PaddingCollator(tokenizer.pad_token_id, pad_to_multiple_of=8 if torch.cuda.is_available() else None)
-    )
+    if "segment_ids" in splits.train.column_names:  # branch rows (data/build_branches.py): a tree mask per row
+        dtype = model.get_input_embeddings().weight.dtype  # the attention scores' dtype, which sdpa's mask must match
+        collator: Any = BranchCollator(tokenizer.pad_token_id, dtype=dtype)
+    elif train_args.batching == "packed":
+        collator = PackingCollator()
+    else:
+        collator = PaddingCollator(tokenizer.pad_token_id, pad_to_multiple_of=8 if torch.cuda.is_available() else None)
     return SimplanTrainer(
         model=model,
         args=training_arguments(train_args, bf16, splits.dev is not None),
