@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     from simplan.inference.engines import make_engine
-    from simplan.workflows.pipeline import resolve_base_model
+    from simplan.workflows.pipeline_stages import resolve_base_model
 
     model = resolve_base_model(args.model)
     opts = {"dtype": args.dtype, "threads": args.threads} if args.engine != "openai" else {}

@@ -79,7 +79,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
             overrides["horizon"] = args.horizon
         if shared is not None and not args.adapters:
             overrides.update(decider_adapter="", simulator_adapter="")
-        cfg = PlannerConfig(arm=arm, **overrides)
+        cfg = PlannerConfig.from_dict({"arm": arm, **overrides})
         wall = engine = env_s = planning = 0.0
         steps = calls = 0
         shares = []

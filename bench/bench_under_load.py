@@ -76,7 +76,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
 
     from simplan.training.config import LoraArguments, ModelArguments
     from simplan.training.lora import load_model_for_training
-    from simplan.workflows.pipeline import resolve_base_model
+    from simplan.workflows.pipeline_stages import resolve_base_model
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)

@@ -6,8 +6,9 @@
         print(m.arm, m.success_rate, m.ci_low, m.ci_high)
     by_game = aggregate(episodes, by_family=True)            # one per (arm, family)
 
-Every number comes from `inference/trace.summarize` over the run's traces.jsonl (never from live
-counters or results.jsonl), so a report's numbers trace back to the episode files. Episodes are
+Every number comes from `inference/planning/trace.summarize` over the run's traces.jsonl (never from live
+counters or results.jsonl), so a report's numbers trace back to the episode files; a trace of any
+format version reads as today's (inference/planning/trace_events.py `upgrade`). Episodes are
 deduplicated by id (the first finished trace wins). Definitions:
 
     success_rate        successes / episodes, with a Wilson 95% interval [ci_low, ci_high]
@@ -33,7 +34,7 @@ oracle or a simulator trained with them: `verdict_episodes`; the rest count in n
     verdict_steps       real steps predicted to end the episode; verdict_false_alarms: of those, the episode went
                         on or ended with the other verdict
                         (these four sum the `verdict_episodes_recorded` episodes whose acts record the expected
-                        verdict, trace version 2; None when there is none)
+                        verdict, the start event's act_verdicts; None when there is none)
     candidates_predicted_lost  per decision, candidates' distinct first actions whose first step was predicted
                         lost; lost_candidates_avoided: of those, not the action the decision took
 
@@ -65,12 +66,12 @@ prefilled = context prefilled + candidate tokens):
     context_prefilled_per_decision/imagined_step/real_step  prompt - cached - candidate tokens of those
                         calls / the same count: the context (goal, history, new observation) computed anew
     prompt_cache_share  cached / prompt tokens, all calls
-An imagine event records the decision's share of its tokens (decision_prompt_tokens); traces written
-before it was recorded split exactly only decisions that imagined nothing (the reactive arm, skipped
-simulation), and a group with any other such decision (`unsplit_decisions` > 0) reports the
-per-decision and per-imagined-step numbers as None rather than guess a split. Likewise for the
-candidates' tokens (candidate_tokens, decision_candidate_tokens): a group with any imagine event written
-before they were recorded (`uncounted_candidates` > 0) reports the candidate and context numbers as None
+An imagine event records the decision's share of its tokens (decision_prompt_tokens). Where it does not
+(None), a decision that imagined nothing (the reactive arm, skipped simulation) still splits exactly (all
+its tokens are the decision's), and a group with any other such decision (`unsplit_decisions` > 0)
+reports the per-decision and per-imagined-step numbers as None rather than guess a split. Likewise for
+the candidates' tokens (candidate_tokens, decision_candidate_tokens): a group with any imagine event that
+does not record them (`uncounted_candidates` > 0) reports the candidate and context numbers as None
 (unknown, not zero). Every engine call is made inside an imagine event, so the episode's candidate tokens
 are the sum over its imagine events (an episode that errored inside one misses that event's).
 """
@@ -138,8 +139,9 @@ class PromptAccount:
 
 
 def imagine_account(e: ImagineEvent) -> PromptAccount:
-    """One decision's tokens, split as the event records them; in older traces, all the decision's when nothing
-    was imagined (no rollout made a call), else unsplit. Candidate tokens the event did not record are uncounted."""
+    """One decision's tokens, split as the event records them; where it records no split, all the decision's when
+    nothing was imagined (no rollout made a call), else unsplit. Candidate tokens it does not record are
+    uncounted."""
     steps = sum(len(c.predicted) for c in e.candidates)
     if e.decision_prompt_tokens is not None:
         prompt, cached = e.decision_prompt_tokens, e.decision_cached_prompt_tokens or 0
@@ -194,7 +196,7 @@ def retry_account(trace: EpisodeTrace) -> RetryAccount:
     acc = RetryAccount()
     went_through: set[str] = set()  # keys of the calls that went through after the act being looked at
     for act in reversed(trace.of_type("act")):
-        key = act.action_key or act.action  # traces without action keys: the rendered action is the identity
+        key = act.action_key or act.action  # an act without an action key: the rendered action is the identity
         if not is_transient(act, rules):
             went_through.add(key)
             if is_finish(act.action_key):

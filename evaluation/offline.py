@@ -45,207 +45,30 @@ is not just the first game of the fold.
 Writes out/metrics.json, out/metrics.md and out/predictions.jsonl (per row: gold, each variant's
 output, whether it matched exactly and stopped with EOS, and with --replay its verdict).
 `--predictions FILE` scores such a file again without a model (e.g. to add --replay later).
+
+The parts: evaluation/offline_config.py (EvalModelConfig), evaluation/offline_metrics.py (the metrics),
+evaluation/offline_generation.py (the outputs); this module reads the fold, replays, scores and writes.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from simplan.core.io import iter_jsonl, write_json, write_jsonl, write_text
-from simplan.core.text import collapse, exact, normalize, token_f1
+from simplan.core.text import collapse, normalize
 from simplan.data.build_rows import step_rows
 from simplan.data.episode import read_settings
-from simplan.data.format import prompt_text, split_verdict
-from simplan.inference.planning.sim_accuracy import ACCURACY_FILE, SimulatorAccuracy, simulator_prompt_action
+from simplan.evaluation.offline_config import EvalModelConfig
+from simplan.evaluation.offline_generation import Outputs, generate_variants
+from simplan.evaluation.offline_metrics import decider_metrics, matches, simulator_metrics, simulator_verb_accuracy
+from simplan.inference.planning.sim_accuracy import ACCURACY_FILE
 
 if TYPE_CHECKING:
     from simplan.data.trajectory import Trajectory
-
-ROLES = ("decider", "simulator")
-DECODES = ("free", "choices")
-
-
-@dataclass
-class EvalModelConfig:
-    role: str = field(default="decider", metadata={"help": "decider or simulator (which metrics to compute)"})
-    dataset: str = field(default="", metadata={"help": "dataset folder from `simplan build`"})
-    fold: str = field(default="dev", metadata={"help": "fold to evaluate"})
-    model: str = field(
-        default="smollm2-135m-instruct", metadata={"help": "base model: registry name, HF folder or hub id"}
-    )
-    adapter: str = field(default="", metadata={"help": "PEFT adapter folder (train's output_dir/adapter); '' = base"})
-    compare_base: bool = field(default=True, metadata={"help": "with --adapter, evaluate the base model too"})
-    limit: int = field(
-        default=200,
-        metadata={"help": "evaluate N rows spread evenly over the fold's task families, in fold order (0: all)"},
-    )
-    batch_size: int = field(default=16, metadata={"help": "prompts per generate call"})
-    max_new_tokens: int = field(
-        default=0, metadata={"help": "generation cap (0: longest gold completion in the fold + 16 tokens)"}
-    )
-    dtype: str = field(default="auto", metadata={"help": "auto (bfloat16 where native, else float32), float32, ..."})
-    num_threads: int = field(default=0, metadata={"help": "torch CPU threads (0: torch's default)"})
-    device: str = field(default="auto", metadata={"help": "auto (the GPU when there is one, else cpu), cpu, cuda:N"})
-    out: str = field(default="", metadata={"help": "output folder (default: next to the adapter, or runs/eval-model)"})
-    replay: bool = field(
-        default=False,
-        metadata={
-            "help": "decider: replay each miss in its environment and count a later expert step that is as "
-            "short done now as `equivalent` (see simplan.data.replay; needs the trajectories)"
-        },
-    )
-    predictions: str = field(
-        default="",
-        metadata={
-            "help": "score the outputs in an earlier run's predictions.jsonl (same --dataset, --fold, --limit) "
-            "instead of generating; e.g. to add --replay"
-        },
-    )
-    trajectories: str = field(
-        default="",
-        metadata={"help": "with --replay: collection JSONL files, comma-separated ('' = the dataset's build inputs)"},
-    )
-    write_adapter_accuracy: bool = field(
-        default=False,
-        metadata={
-            "help": f"simulator: also write the adapter's per-verb accuracy ({ACCURACY_FILE}) into --adapter, "
-            "where the planner's selective router reads it"
-        },
-    )
-    decode: str = field(
-        default="free",
-        metadata={
-            "help": "decider: free (greedy text) or choices (the most likely of the row's valid actions, "
-            "scored whole: the planner's first proposal)"
-        },
-    )
-
-    def __post_init__(self) -> None:
-        if self.role not in ROLES:
-            raise ValueError(f"role: {self.role!r} is not one of {ROLES}")
-        if not self.dataset:
-            raise ValueError("dataset: give the dataset folder written by `simplan build`")
-        for name in ("limit", "max_new_tokens", "num_threads"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name}: {getattr(self, name)} must be >= 0")
-        if self.batch_size <= 0:
-            raise ValueError(f"batch_size: {self.batch_size} must be positive")
-        if self.replay and self.role != "decider":
-            raise ValueError("replay: only the decider's actions can be replayed; drop --replay for the simulator")
-        if self.decode not in DECODES:
-            raise ValueError(f"decode: {self.decode!r} is not one of {DECODES}")
-        if self.decode == "choices" and self.role != "decider":
-            raise ValueError("decode: choices picks among a decider's valid actions; use free for the simulator")
-        if self.write_adapter_accuracy and (self.role != "simulator" or not self.adapter):
-            raise ValueError(
-                "write_adapter_accuracy: writes a simulator adapter's per-verb accuracy; give --role simulator and "
-                "--adapter DIR, or drop --write_adapter_accuracy"
-            )
-        if self.decode == "choices" and self.predictions:
-            raise ValueError("decode: --predictions scores saved outputs, nothing is decoded; drop --decode")
-
-    def out_dir(self) -> Path:
-        if self.out:
-            return Path(self.out)
-        if self.predictions:
-            return Path(self.predictions).parent / "rescored"
-        suffix = "-choices" if self.decode == "choices" else ""
-        if self.adapter:
-            return Path(self.adapter).parent / f"eval-{self.fold}{suffix}"
-        return Path("runs/eval-model") / f"{Path(self.model).name}-{self.role}-{self.fold}{suffix}"
-
-
-# ---------------------------------------------------------------------------------------------
-# Metrics (pure functions)
-# ---------------------------------------------------------------------------------------------
-def matches(role: str, prediction: str, gold: str) -> bool:
-    """Whether a prediction is exact: a decider's action text equals the gold one with white space collapsed (case
-    kept: tool-call arguments are case-sensitive), a simulator's observation is the gold one as core.text.exact
-    says (lower-cased too), the rule the traces' simulator accuracy uses online."""
-    return exact(prediction, gold) if role == "simulator" else collapse(prediction) == collapse(gold)
-
-
-def decider_metrics(
-    preds: list[str],
-    stopped: list[bool] | None,
-    rows: list[dict[str, Any]],
-    verdicts: list[str | None] | None = None,
-) -> dict[str, Any]:
-    """`stopped`: None when unknown (outputs read back from an older predictions file: no parse/stopped);
-    `verdicts` (with --replay): per row, None for an exact match, else a `simplan.data.replay` verdict."""
-    n = max(len(rows), 1)
-    hits = sum(matches("decider", p, r["completion"]) for p, r in zip(preds, rows))
-    out: dict[str, Any] = {"n": len(rows), "exact": hits / n, "parse": None, "stopped": None}
-    if stopped is not None:
-        out["parse"] = sum(bool(p.strip()) and "\n" not in p.strip() and s for p, s in zip(preds, stopped)) / n
-        out["stopped"] = sum(stopped) / n
-    with_valid = [(p, r["valid_actions"]) for p, r in zip(preds, rows) if r.get("valid_actions")]
-    if with_valid:
-        ok = sum(normalize(p) in {normalize(v) for v in va} for p, va in with_valid)
-        out["valid"] = ok / len(with_valid)
-    else:
-        out["valid"] = None  # the dataset has no valid_actions column
-    if verdicts is not None:
-        out["equivalent"] = sum(v == "equivalent" for v in verdicts) / n
-        out["exact_or_equivalent"] = out["exact"] + out["equivalent"]
-        out["replay_unknown"] = sum(v == "unknown" for v in verdicts) / n
-    return out
-
-
-def simulator_metrics(
-    preds: list[str],
-    stopped: list[bool] | None,
-    rows: list[dict[str, Any]],
-    error_texts: set[str],
-    verdicts: bool = False,
-) -> dict[str, Any]:
-    """`verdicts`: the dataset was built with verdict lines (its PromptSettings.verdicts); adds `verdict_metrics`."""
-    n = max(len(rows), 1)
-    hits = sum(matches("simulator", p, r["completion"]) for p, r in zip(preds, rows))
-    f1 = sum(token_f1(p, r["completion"]) for p, r in zip(preds, rows))
-    out: dict[str, Any] = {
-        "n": len(rows),
-        "exact": hits / n,
-        "token_f1": f1 / n,
-        "stopped": None if stopped is None else sum(stopped) / n,
-    }
-    if rows and "error" in rows[0]:
-        gold = [bool(r["error"]) for r in rows]
-        guess = [normalize(p) in error_texts for p in preds]
-        tp = sum(g and h for g, h in zip(gold, guess))
-        out["error_precision"] = tp / sum(guess) if sum(guess) else None
-        out["error_recall"] = tp / sum(gold) if sum(gold) else None
-        out["error_rows"] = sum(gold)
-    if verdicts:
-        out |= verdict_metrics(preds, rows)
-    return out
-
-
-def verdict_metrics(preds: list[str], rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """How well predictions say when a step ends the episode (data/format.py split_verdict, the planner's reading):
-    `verdict_recall`, of the rows whose target ends with a verdict, the share predicted with the same verdict;
-    `verdict_precision`, of the predictions with a verdict, the share whose target has it; `verdict_rows`, the
-    targets with one. None where nothing is counted."""
-    gold = [split_verdict(r["completion"])[1] for r in rows]
-    guess = [split_verdict(p)[1] for p in preds]
-    same = sum(g is not None and g == h for g, h in zip(gold, guess))
-    ended, said = sum(g is not None for g in gold), sum(h is not None for h in guess)
-    return {
-        "verdict_recall": same / ended if ended else None,
-        "verdict_precision": same / said if said else None,
-        "verdict_rows": ended,
-    }
-
-
-def simulator_verb_accuracy(preds: list[str], rows: list[dict[str, Any]]) -> SimulatorAccuracy:
-    """Exact predictions per verb of the action each row's prompt asks about (exact as in `simulator_metrics`)."""
-    return SimulatorAccuracy.from_pairs(
-        (simulator_prompt_action(r["prompt"]), matches("simulator", p, r["completion"])) for p, r in zip(preds, rows)
-    )
 
 
 def write_verb_accuracy(cfg: EvalModelConfig, outputs: dict[str, Any], rows: list[dict[str, Any]]) -> list[Path]:
@@ -261,42 +84,6 @@ def write_verb_accuracy(cfg: EvalModelConfig, outputs: dict[str, Any], rows: lis
     if cfg.write_adapter_accuracy:
         written.append(table.write(Path(cfg.adapter) / ACCURACY_FILE))
     return written
-
-
-# ---------------------------------------------------------------------------------------------
-# Generation
-# ---------------------------------------------------------------------------------------------
-def generate(
-    model: Any, tokenizer: Any, prompts: list[list[dict[str, str]]], batch_size: int, max_new_tokens: int
-) -> tuple[list[str], list[bool]]:
-    """Greedy completions (text without EOS) and whether each stopped with EOS, in input order."""
-    import torch
-    from tqdm.auto import tqdm
-
-    texts = [prompt_text(tokenizer, p) for p in prompts]
-    lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
-    order = sorted(range(len(texts)), key=lambda i: -lengths[i])  # similar lengths batch with little padding
-    outputs: list[str] = [""] * len(texts)
-    stopped: list[bool] = [False] * len(texts)
-    tokenizer.padding_side = "left"  # generation continues every row from its own last token
-    for start in tqdm(range(0, len(order), batch_size), desc="generate", unit="batch"):
-        idx = order[start : start + batch_size]
-        enc = tokenizer([texts[i] for i in idx], add_special_tokens=False, padding=True, return_tensors="pt")
-        enc = enc.to(model.device)
-        with torch.no_grad():
-            out = model.generate(
-                **enc,
-                max_new_tokens=max_new_tokens,
-                do_sample=False,
-                pad_token_id=tokenizer.pad_token_id,
-                eos_token_id=tokenizer.eos_token_id,
-            )
-        for row, i in zip(out[:, enc["input_ids"].shape[1] :].tolist(), idx):
-            if tokenizer.eos_token_id in row:
-                row = row[: row.index(tokenizer.eos_token_id)]
-                stopped[i] = True
-            outputs[i] = tokenizer.decode(row, skip_special_tokens=True)
-    return outputs, stopped
 
 
 def _dataset_root(cfg: EvalModelConfig) -> Path:
@@ -473,90 +260,6 @@ def replay_verdicts(
     return verdicts
 
 
-Outputs = dict[str, tuple[list[str], list[bool] | None, float]]  # variant -> (texts, stopped EOS, seconds)
-
-
-def _generate_variants(cfg: EvalModelConfig, rows: list[dict[str, Any]]) -> tuple[Outputs, dict[str, Any]]:
-    """Greedy outputs of the base model and/or the adapter; also the run's facts (device, token cap)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from simplan.models.registry import load_tokenizer, pick_device, resolve_model
-    from simplan.training.lora import bf16_supported
-
-    if cfg.num_threads:
-        torch.set_num_threads(cfg.num_threads)
-    if cfg.adapter and not (Path(cfg.adapter) / "adapter_config.json").exists():
-        raise FileNotFoundError(f"adapter: {cfg.adapter} has no adapter_config.json; give train's output/adapter")
-    device = pick_device(cfg.device)
-    tokenizer = load_tokenizer(cfg.model)
-    dtype = getattr(torch, cfg.dtype) if cfg.dtype != "auto" else None
-    if dtype is None:
-        dtype = torch.bfloat16 if bf16_supported() else torch.float32
-    max_new = cfg.max_new_tokens or (
-        max(len(ids) for ids in tokenizer([r["completion"] for r in rows], add_special_tokens=False)["input_ids"]) + 16
-    )
-    variants: list[str] = (["base"] if not cfg.adapter or cfg.compare_base else []) + (
-        ["adapter"] if cfg.adapter else []
-    )
-    facts = {"device": device, "max_new_tokens": max_new}
-    if cfg.decode == "choices":
-        return _choose_variants(cfg, rows, variants, str(dtype).removeprefix("torch."), device, max_new), facts
-    model = AutoModelForCausalLM.from_pretrained(resolve_model(cfg.model), dtype=dtype).to(device).eval()
-    if cfg.adapter:
-        from peft import PeftModel
-
-        model = PeftModel.from_pretrained(model, cfg.adapter).eval()
-    prompts = [r["prompt"] for r in rows]
-    outputs: Outputs = {}
-    for variant in variants:
-        started = time.perf_counter()
-        if variant == "base" and cfg.adapter:
-            with model.disable_adapter():
-                preds, stopped = generate(model, tokenizer, prompts, cfg.batch_size, max_new)
-        else:
-            preds, stopped = generate(model, tokenizer, prompts, cfg.batch_size, max_new)
-        outputs[variant] = (preds, stopped, time.perf_counter() - started)
-    return outputs, facts
-
-
-def _choose_variants(
-    cfg: EvalModelConfig, rows: list[dict[str, Any]], variants: list[str], dtype: str, device: str, max_new: int
-) -> Outputs:
-    """`--decode choices`: each variant's most likely valid action per row, through the planner's hf engine."""
-    from tqdm.auto import tqdm
-
-    from simplan.inference.engines.base import GenerationRequest, checked_generation
-    from simplan.inference.engines.hf_peft import HFPeftEngine
-
-    engine = HFPeftEngine(
-        cfg.model,
-        {"adapter": cfg.adapter} if cfg.adapter else None,
-        dtype=dtype,
-        batch_size=cfg.batch_size,
-        device=device,
-    )
-    outputs: Outputs = {}
-    for variant in variants:
-        started = time.perf_counter()
-        preds: list[str] = []
-        stopped: list[bool] = []
-        for r in tqdm(rows, desc=f"choose ({variant})", unit="row"):
-            request = GenerationRequest(
-                adapter="adapter" if variant == "adapter" else None,
-                messages=r["prompt"],
-                choices=list(r.get("valid_actions") or []) or None,  # none listed: free text, as the planner
-                max_tokens=max_new,
-            )
-            # Checked and sanitized at the same engine boundary as the planner's (inference/engines/base.py).
-            (result,) = checked_generation(engine, [request], engine.generate([request]))
-            preds.append(result.completions[0].text)
-            stopped.append(result.completions[0].finish_reason == "stop")
-        outputs[variant] = (preds, stopped, time.perf_counter() - started)
-    engine.close()
-    return outputs
-
-
 def _read_predictions(cfg: EvalModelConfig, rows: list[dict[str, Any]]) -> tuple[Outputs, dict[str, Any]]:
     """The outputs of an earlier run's predictions.jsonl, checked row by row against the fold."""
     path = Path(cfg.predictions)
@@ -589,7 +292,7 @@ def evaluate(cfg: EvalModelConfig) -> dict[str, Any]:
     if not rows:
         raise ValueError(f"fold: {cfg.fold!r} of {cfg.dataset} has no rows")
     trajectories = load_replay_trajectories(cfg, rows) if cfg.replay else None
-    outputs, facts = _read_predictions(cfg, rows) if cfg.predictions else _generate_variants(cfg, rows)
+    outputs, facts = _read_predictions(cfg, rows) if cfg.predictions else generate_variants(cfg, rows)
     results: dict[str, dict[str, Any]] = {}
     verdicts: dict[str, list[str | None] | None] = {}
     for variant, (preds, stopped, seconds) in outputs.items():

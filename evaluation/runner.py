@@ -7,6 +7,11 @@
     from simplan.evaluation.runner import EvalConfig, evaluate
     outcome = evaluate(EvalConfig(suite="toy-dev", out="runs/eval/toy"), engine, concurrency=4)
 
+`evaluate` runs in phases: prepare the folder (its lock, its identity), plan and validate the episodes,
+resume, run them, record the invocation. This module holds the configuration, the plan of episodes and
+what a run folder's episodes depend on; evaluation/folder_lock.py the lock, evaluation/resume.py the
+repair of the logs and the finished episodes, evaluation/episode_threads.py the env slots and threads.
+
 How it runs:
 - Episodes of all arms run at once in `concurrency` threads, task-major (the arms of one task side
   by side), sharing one `BatchingEngine` (inference/engines/batching.py): their model calls merge into
@@ -36,41 +41,31 @@ How it runs:
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import dataclasses
-import fcntl
 import json
-import os
-import queue
-import signal
-import socket
-import sys
-import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from simplan.core.io import append_jsonl, read_jsonl_tolerant, write_json, write_jsonl
-from simplan.envs.base import Env, Task
-from simplan.envs.registry import make_env
-from simplan.evaluation.faults import FaultConfig, FaultyEnv, wrap_faults
+from simplan.core.config import build, flatten, merge, upgrade_keys
+from simplan.core.io import append_jsonl, write_json
+from simplan.envs.base import Task
+from simplan.evaluation.episode_threads import EnvSlot, locked_token_counter, run_episode, run_in_slots
+from simplan.evaluation.faults import FaultConfig, FaultyEnv
+from simplan.evaluation.folder_lock import lock_folder
+from simplan.evaluation.resume import RESULTS, TRACES, finished_traces, sync_results
 from simplan.evaluation.suites import StepCap, Suite, SuiteEntry, entry_tasks_with_caps, load_suite
 from simplan.inference.engines.base import Engine
 from simplan.inference.engines.batching import BatchingEngine
 from simplan.inference.engines.model_free import ModelFreeEngine
 from simplan.inference.planning.arms import ARM_PRESETS
-from simplan.inference.planning.trace import EpisodeTrace, append_trace, episode_runs, summarize
+from simplan.inference.planning.config import PlannerConfig
+from simplan.inference.planning.trace import append_trace
 
 # The default comparison; every preset of inference/planning/arms.py may be asked for.
 ARMS = ("reactive", "plan", "simplan")
-TRACES = "traces.jsonl"
-RESULTS = "results.jsonl"
-LOCK = "eval.lock"
 
 
 def _help(text: str) -> dict[str, str]:
@@ -105,6 +100,10 @@ class EvalConfig:
     arm_overrides: dict = field(
         default_factory=dict, metadata=_help("per-arm PlannerConfig fields, e.g. '{plan: {horizon: 4}}'")
     )
+    concurrency: int = field(
+        default=16,
+        metadata=_help("episodes run at once; their model calls are merged into batched engine calls"),
+    )
     batch_window_ms: float = field(
         default=20.0, metadata=_help("batching: wait at most this long for other episodes' requests")
     )
@@ -122,6 +121,8 @@ class EvalConfig:
                 raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
         if self.repeats < 1:
             raise ValueError(f"repeats: must be >= 1, got {self.repeats}")
+        if self.concurrency < 1:
+            raise ValueError(f"concurrency: must be >= 1, got {self.concurrency}")
         if self.batch_window_ms < 0:
             raise ValueError(f"batch_window_ms: must be >= 0, got {self.batch_window_ms}")
         if self.faults is not None:
@@ -226,105 +227,31 @@ def plan_episodes(suite: Suite, arms: list[str], repeats: int) -> list[EpisodeSp
 
 def planner_config(cfg: EvalConfig, arm: str, entry: SuiteEntry, max_steps: int | None = None) -> Any:
     """The arm's PlannerConfig for a task of `entry`; `max_steps`: the task's cap (default: the entry's)."""
-    from simplan.inference.planning.config import PlannerConfig
-
     cap = entry.max_steps if max_steps is None else max_steps
-    values = {**cfg.planner, **cfg.arm_overrides.get(arm, {}), "arm": arm, "max_steps": cap}
-    try:
-        return PlannerConfig(**values)
-    except TypeError as e:
-        raise ValueError(f"planner / arm_overrides[{arm}]: {e}; keys are PlannerConfig fields") from None
+    values = merge(
+        flatten(PlannerConfig, cfg.planner, "planner"),
+        flatten(PlannerConfig, cfg.arm_overrides.get(arm, {}), f"arm_overrides[{arm}]"),
+    )
+    return build(PlannerConfig, merge(values, {"arm": arm, "budgets.max_steps": cap}), f" (arm {arm})")
 
 
-# ---------------------------------------------------------------------------------------------
-# Resume: repair the logs and find finished episodes
-# ---------------------------------------------------------------------------------------------
-def repair_tail(path: Path) -> str | None:
-    """Move a torn last line (no trailing newline) to `path.torn`; returns a note when it did."""
-    if not path.exists() or path.stat().st_size == 0:
-        return None
-    with open(path, "rb") as f:
-        data = f.read()
-    if data.endswith(b"\n"):
-        return None
-    cut = data.rfind(b"\n") + 1
-    with open(path.with_name(path.name + ".torn"), "ab") as f:
-        f.write(data[cut:] + b"\n")
-    with open(path, "r+b") as f:
-        f.truncate(cut)
-    return f"{path}: torn last line ({len(data) - cut} bytes) moved to {path.name}.torn"
-
-
-def finished_traces(out: Path) -> tuple[dict[str, EpisodeTrace], list[str]]:
-    """Complete traces by episode id, after repairing the files; returns (traces, notes).
-
-    traces.jsonl is left holding one finished run per episode (`episode_runs` picks it: the first
-    finished one); the lines of unfinished runs move to traces.jsonl.partial, those of extra
-    finished runs to traces.jsonl.duplicate, so no reader ever meets two runs of one episode, and
-    those of errored runs to traces.jsonl.errored (with their result lines dropped): a crashed
-    episode has no result, so it is not complete and runs again.
-    """
-    traces_path, notes = out / TRACES, []
-    for p in (traces_path, out / RESULTS):
-        note = repair_tail(p)
-        if note:
-            notes.append(note)
-    if not traces_path.exists():
-        return {}, notes
-    records, problems = read_jsonl_tolerant(traces_path)
-    notes.extend(problems)
-    kept, left_out = episode_runs(records)
-    complete = [run for run in kept if _finished(run) and not _errored(run)]
-    errored = [run for run in kept if _errored(run)]
-    moved = {
-        ".partial": [r for run in [*kept, *left_out] if not _finished(run) for r in run],
-        ".duplicate": [r for run in left_out if _finished(run) for r in run],
-        ".errored": [r for run in errored for r in run],
-    }
-    if any(moved.values()):
-        for suffix, lines in moved.items():
-            append_jsonl(out / (TRACES + suffix), lines)
-        write_jsonl(traces_path, [r for run in complete for r in run])
-        _drop_results(out, {str(run[0].get("episode_id")) for run in errored})
-        what = {
-            ".partial": "unfinished episode runs",
-            ".duplicate": "second finished runs of an episode",
-            ".errored": "errored episode runs (they run again)",
+def canonical_planner_keys(identity: dict[str, Any]) -> dict[str, Any]:
+    """An eval identity with its planner mappings in today's nested keys: a run folder written with flat keys
+    (before PlannerConfig had sections) resumes under the same command."""
+    out = dict(identity)
+    if isinstance(out.get("planner"), dict):
+        out["planner"] = upgrade_keys(PlannerConfig, out["planner"], "planner")
+    if isinstance(out.get("arm_overrides"), dict):
+        out["arm_overrides"] = {
+            arm: upgrade_keys(PlannerConfig, over, f"arm_overrides[{arm}]") if isinstance(over, dict) else over
+            for arm, over in out["arm_overrides"].items()
         }
-        notes.extend(
-            f"{traces_path}: {len(lines)} event(s) of {what[suffix]} moved to {TRACES}{suffix}"
-            for suffix, lines in moved.items()
-            if lines
-        )
-    traces = [EpisodeTrace.from_dicts(run) for run in complete]
-    return {t.episode_id: t for t in traces}, notes
+    return out
 
 
-def _finished(run: list[dict[str, Any]]) -> bool:
-    return run[-1].get("type") == "end"
-
-
-def _errored(run: list[dict[str, Any]]) -> bool:
-    return _finished(run) and run[-1].get("status") == "errored"
-
-
-def _drop_results(out: Path, episode_ids: set[str]) -> None:
-    """Remove the result lines of `episode_ids` from results.jsonl (their episodes run again)."""
-    path = out / RESULTS
-    if not episode_ids or not path.exists():
-        return
-    records = read_jsonl_tolerant(path)[0]
-    write_jsonl(path, [r for r in records if str(r.get("episode_id")) not in episode_ids])
-
-
-def sync_results(out: Path, done: dict[str, EpisodeTrace]) -> int:
-    """Append the summary of every finished trace missing from results.jsonl; returns how many."""
-    have = {str(r.get("episode_id")) for r in read_jsonl_tolerant(out / RESULTS)[0]}
-    missing = [summarize(t).to_dict() for eid, t in done.items() if eid not in have]
-    append_jsonl(out / RESULTS, missing)
-    return len(missing)
-
-
+# ---------------------------------------------------------------------------------------------
+# Identity: what a run folder's episodes depend on
+# ---------------------------------------------------------------------------------------------
 def _identity(cfg: EvalConfig, suite: Suite, engine_info: dict[str, Any]) -> dict[str, Any]:
     """What an episode's outcome depends on (arms, episodes, repeats and limit only add episodes)."""
     s = suite.to_dict()
@@ -334,120 +261,26 @@ def _identity(cfg: EvalConfig, suite: Suite, engine_info: dict[str, Any]) -> dic
         e.pop("tasks_per_family", None)  # more tasks extend a run; they do not change finished episodes
     return {
         "suite": s,
-        "planner": cfg.planner,
-        "arm_overrides": cfg.arm_overrides,
+        "planner": upgrade_keys(PlannerConfig, cfg.planner, "planner"),
+        "arm_overrides": {
+            arm: upgrade_keys(PlannerConfig, o, f"arm_overrides[{arm}]") for arm, o in cfg.arm_overrides.items()
+        },
         "engine": {k: engine_info.get(k) for k in ("engine", "model", "adapters")},
     }
-
-
-class FolderLockedError(RuntimeError):
-    """Another process is writing the run folder."""
-
-
-@contextlib.contextmanager
-def lock_folder(out: Path) -> Iterator[None]:
-    """Hold `out/eval.lock` for the block; refuse at once (FolderLockedError) if another process holds it.
-
-    An flock belongs to the open file, so the OS releases it when the process exits, however it
-    dies: no stale lock to clean up by hand. The file keeps the holder's pid, host and start time
-    for the message; it is never deleted (deleting would let a third run lock a fresh file while a
-    second still holds the old one).
-    """
-    path = out / LOCK
-    with open(path, "a+", encoding="utf-8") as f:  # "a+": opening must not erase the holder's note
-        try:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            f.seek(0)
-            raise FolderLockedError(_locked_message(out, f.read())) from None
-        try:
-            f.seek(0)
-            f.truncate()
-            holder = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
-            f.write(json.dumps({**holder, "command": " ".join(sys.argv)}) + "\n")
-            f.flush()
-            yield
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
-
-
-def check_unlocked(out: Path) -> None:
-    """Raise FolderLockedError if a run holds `out` now (a quick check before loading an engine for minutes)."""
-    if (out / LOCK).exists():
-        with lock_folder(out):
-            pass
-
-
-def _locked_message(out: Path, note: str) -> str:
-    try:
-        holder = json.loads(note)
-        who = f"pid {holder['pid']} on {holder['host']}, running since {holder['started']}: {holder['command']}"
-    except (json.JSONDecodeError, KeyError, TypeError):
-        who = "a process that has not written its details yet"
-    return (
-        f"{out} is in use by another evaluation ({who}); two runs on one folder would write every episode twice. "
-        f"Wait for it to finish (the lock in {out / LOCK} is released when that process exits, even if it "
-        "crashes), stop it, or use another --out"
-    )
 
 
 def check_identity(out: Path, identity: dict[str, Any]) -> None:
     path = out / "eval_config.json"
     if path.exists():
         old = json.loads(path.read_text()).get("identity")
+        if old is not None:
+            old = canonical_planner_keys(old)
         if old is not None and old != identity:
             changed = sorted(k for k in identity if old.get(k) != identity.get(k))
             raise ValueError(
                 f"{out}: holds episodes of a different evaluation (changed: {', '.join(changed)}; see {path}); "
                 "use another --out, or --fresh to delete the old results"
             )
-
-
-# ---------------------------------------------------------------------------------------------
-# Running
-# ---------------------------------------------------------------------------------------------
-@contextlib.contextmanager
-def ctrl_c_stops(batcher: BatchingEngine | None) -> Iterator[None]:
-    """Ctrl-C while episodes run: the first raises KeyboardInterrupt as usual (episodes not started are dropped,
-    running ones finish and are written); a second, wherever it lands, cancels the batcher, so each running
-    episode ends at its next model call, recorded as errored (the next run plays it again). Without a batcher,
-    or outside the main thread (no signal handler can be set there), Ctrl-C behaves as it always does."""
-    if batcher is None or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    presses = 0
-
-    def on_sigint(signum: int, frame: Any) -> None:
-        nonlocal presses
-        presses += 1
-        if presses == 1:
-            raise KeyboardInterrupt
-        print("eval: cutting the running episodes at their next model call", file=sys.stderr, flush=True)
-        batcher.cancel("evaluation stopped by Ctrl-C; the episode runs again on the next run")
-
-    previous = signal.signal(signal.SIGINT, on_sigint)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
-def run_episode(
-    engine: Engine,
-    env: Env,
-    task: Task,
-    config: Any,
-    episode_id: str,
-    count_tokens: Callable[[list[dict[str, str]]], int] | None = None,
-) -> Any:
-    """One episode with the planning loop (the only coupling to inference/planning/planner.py)."""
-    from simplan.inference.planning.planner import Planner
-
-    planner = Planner(engine, env, config, count_tokens=count_tokens)
-    try:
-        return planner.run(task, episode_id=episode_id)
-    finally:
-        planner.close()  # the env oracle's copies (simulator: env) are per episode: their JVMs end with it
 
 
 def check_arms_start(engine: Engine, slot: EnvSlot, specs: list[EpisodeSpec], configs: dict[Any, Any]) -> None:
@@ -462,55 +295,20 @@ def check_arms_start(engine: Engine, slot: EnvSlot, specs: list[EpisodeSpec], co
             Planner(engine, slot.env_for(spec.entry), configs[_config_key(spec)]).close()
 
 
-class EnvSlot:
-    """The env instances of one concurrent episode slot, created on first use and reused."""
-
-    def __init__(self) -> None:
-        self.envs: dict[str, Env] = {}
-
-    def env_for(self, entry: SuiteEntry) -> Env:
-        key = f"{entry.env_key()}|{entry.faults.to_dict()}"
-        if key not in self.envs:
-            self.envs[key] = wrap_faults(make_env(entry.env, **entry.env_kwargs), entry.faults)
-        return self.envs[key]
-
-    def close(self) -> None:
-        for env in self.envs.values():
-            try:
-                env.close()
-            except Exception:  # noqa: BLE001 - closing is best effort; the process exits anyway
-                pass
-        self.envs.clear()
-
-
-def locked_token_counter(engine: Any) -> Callable[[list[dict[str, str]]], int] | None:
-    """A prompt-token counter for episode threads: its own tokenizer copy (fast tokenizers are not
-    safe to share with the engine's thread) behind a lock; None when the engine has no tokenizer."""
-    tok = getattr(engine, "tokenizer", None)
-    if tok is None or not hasattr(tok, "apply_chat_template"):
-        return None
-    from simplan.data.format import chat_token_counter
-
-    counter = chat_token_counter(copy.deepcopy(tok))
-    lock = threading.Lock()
-
-    def count(messages: list[dict[str, str]]) -> int:
-        with lock:
-            return counter(messages)
-
-    return count
-
-
+# ---------------------------------------------------------------------------------------------
+# Running
+# ---------------------------------------------------------------------------------------------
 def evaluate(
     cfg: EvalConfig,
     engine: Engine,
-    concurrency: int = 4,
+    concurrency: int | None = None,
     engine_info: dict[str, Any] | None = None,
 ) -> EvalOutcome:
     """Run every episode of the suite not finished yet (module docstring); returns counts and paths.
 
     Raises FolderLockedError when another process is evaluating into the same folder.
     """
+    concurrency = cfg.concurrency if concurrency is None else concurrency
     if concurrency < 1:
         raise ValueError(f"concurrency: must be >= 1, got {concurrency}")
     out = Path(cfg.out)
@@ -522,14 +320,44 @@ def evaluate(
 def _evaluate_locked(
     cfg: EvalConfig, out: Path, engine: Engine, concurrency: int, engine_info: dict[str, Any] | None
 ) -> EvalOutcome:
+    engine_info = dict(engine_info or {})
+    suite, identity = _prepare_folder(cfg, out, engine_info)
+    specs, configs, first_slot = _plan_and_validate(cfg, out, engine, suite, identity, engine_info)
+    todo, skipped = _resume(cfg, out, specs)
+    tally = _run(cfg, out, engine, todo, configs, first_slot, concurrency, len(specs), skipped)
+    _record_invocation(out, cfg, concurrency, tally.seconds, tally.counts, tally.batch, engine_info)
+    return EvalOutcome(
+        out=out,
+        planned=len(specs),
+        skipped=skipped,
+        ran=tally.counts["ran"],
+        errored=tally.counts["errored"],
+        seconds=tally.seconds,
+        batch=tally.batch,
+        traces=out / TRACES,
+        results=out / RESULTS,
+        errors=[tally.errors[s.episode_id] for s in todo if s.episode_id in tally.errors],
+    )
+
+
+def _prepare_folder(cfg: EvalConfig, out: Path, engine_info: dict[str, Any]) -> tuple[Suite, dict[str, Any]]:
+    """--fresh deletes the folder's previous results; the suite and the identity of its episodes, checked against
+    the folder's (a folder of another evaluation is refused)."""
     if cfg.fresh:
         extra = (TRACES + ".partial", TRACES + ".duplicate", TRACES + ".errored")
         for name in (TRACES, RESULTS, "eval_config.json", "run.json", *extra):
             (out / name).unlink(missing_ok=True)
-    engine_info = dict(engine_info or {})
     suite = resolve_suite(cfg)
     identity = _identity(cfg, suite, engine_info)
     check_identity(out, identity)
+    return suite, identity
+
+
+def _plan_and_validate(
+    cfg: EvalConfig, out: Path, engine: Engine, suite: Suite, identity: dict[str, Any], engine_info: dict[str, Any]
+) -> tuple[list[EpisodeSpec], dict[Any, Any], EnvSlot]:
+    """The episodes, each arm's PlannerConfig per task cap, and the first env slot, with every arm started once;
+    then eval_config.json records what the episodes depend on."""
     specs = plan_episodes(suite, cfg.arms, cfg.repeats)
     configs = {_config_key(s): planner_config(cfg, s.arm, s.entry, s.max_steps) for s in specs}  # validate now
     step_caps = {s.fault_key: s.max_steps for s in specs}  # per (task, repeat): one cap shared by the arms
@@ -549,7 +377,11 @@ def _evaluate_locked(
             "step_caps": step_caps,
         },
     )
+    return specs, configs, first_slot
 
+
+def _resume(cfg: EvalConfig, out: Path, specs: list[EpisodeSpec]) -> tuple[list[EpisodeSpec], int]:
+    """The episodes still to run (at most --limit of them) and how many are done, after repairing the logs."""
     done, notes = finished_traces(out)
     for n in notes:
         print(f"eval: {n}", flush=True)
@@ -560,92 +392,72 @@ def _evaluate_locked(
     skipped = len(specs) - len(todo)
     if cfg.limit:
         todo = todo[: cfg.limit]
+    return todo, skipped
 
+
+@dataclass
+class _Tally:
+    """What this invocation's episodes came to."""
+
+    counts: dict[str, int]  # ran, errored
+    errors: dict[str, EpisodeError]  # by episode id
+    seconds: float
+    batch: dict[str, Any]  # the batcher's statistics ({} without one)
+
+
+def _run(
+    cfg: EvalConfig,
+    out: Path,
+    engine: Engine,
+    todo: list[EpisodeSpec],
+    configs: dict[Any, Any],
+    first_slot: EnvSlot,
+    concurrency: int,
+    planned: int,
+    skipped: int,
+) -> _Tally:
+    """Run `todo` in `concurrency` env slots sharing one batching engine; each finished episode is appended to
+    the traces, then to the results."""
     started = time.perf_counter()
     # A model-free engine (expert, random) has no model calls to merge, and binds itself to each episode's env.
     batching = cfg.batching and not isinstance(engine, ModelFreeEngine)
     batcher = BatchingEngine(engine, window=cfg.batch_window_ms / 1000.0) if batching else None
     shared: Any = batcher if batcher is not None else engine
     count_tokens = locked_token_counter(engine)
-    slots: queue.Queue[EnvSlot] = queue.Queue()
     all_slots = [first_slot] + [EnvSlot() for _ in range(min(concurrency, max(1, len(todo))) - 1)]
-    for s in all_slots:
-        slots.put(s)
-    write_lock = threading.Lock()
     counts = {"ran": 0, "errored": 0}
     errors: dict[str, EpisodeError] = {}
     wins: dict[str, list[int]] = {a: [0, 0] for a in cfg.arms}
-    bar = _progress(cfg, len(specs), skipped)
+    bar = _progress(cfg, planned, skipped)
 
-    def one(spec: EpisodeSpec) -> None:
-        slot = slots.get()
-        try:
-            env = slot.env_for(spec.entry)
-            if isinstance(env, FaultyEnv):
-                env.begin_episode(spec.fault_key)
-            pcfg = configs[_config_key(spec)]
-            if batcher is not None:
-                with batcher.session():
-                    result = run_episode(shared, env, spec.task, pcfg, spec.episode_id, count_tokens)
-            else:
-                result = run_episode(shared, env, spec.task, pcfg, spec.episode_id, count_tokens)
-        finally:
-            slots.put(slot)
-        with write_lock:
-            append_trace(out / TRACES, result.trace)
-            append_jsonl(out / RESULTS, [result.summary.to_dict()])
-            counts["ran"] += 1
-            if result.summary.status == "errored":
-                counts["errored"] += 1
-                end = result.trace.end
-                errors[spec.episode_id] = EpisodeError(spec.episode_id, spec.arm, (end.error if end else None) or "")
-            wins[spec.arm][0] += bool(result.summary.success)
-            wins[spec.arm][1] += 1
-            if bar is not None:
-                bar.set_postfix_str(" ".join(f"{a}={w}/{n}" for a, (w, n) in wins.items() if n), refresh=False)
-                bar.update(1)
+    def play(spec: EpisodeSpec, slot: EnvSlot) -> Any:
+        env = slot.env_for(spec.entry)
+        if isinstance(env, FaultyEnv):
+            env.begin_episode(spec.fault_key)
+        pcfg = configs[_config_key(spec)]
+        if batcher is not None:
+            with batcher.session():
+                return run_episode(shared, env, spec.task, pcfg, spec.episode_id, count_tokens)
+        return run_episode(shared, env, spec.task, pcfg, spec.episode_id, count_tokens)
 
-    pool = ThreadPoolExecutor(max_workers=len(all_slots), thread_name_prefix="episode")
-    futures = [pool.submit(one, s) for s in todo]
-    with ctrl_c_stops(batcher):
-        try:
-            finished, _ = wait(futures, return_when=FIRST_EXCEPTION)
-            failed = [f for f in finished if f.exception() is not None]
-            if failed:
-                raise failed[0].exception()  # type: ignore[misc]
-        except KeyboardInterrupt:
-            running = sum(f.running() for f in futures)
-            again = " Ctrl-C again cuts them at their next model call (they run again next time)." if batcher else ""
-            print(
-                f"\neval: stopping; {running} running episode(s) finish and are kept.{again}",
-                file=sys.stderr,
-                flush=True,
-            )
-            raise
-        finally:
-            # On an error or Ctrl-C, episodes not started are dropped; running ones finish and are written.
-            pool.shutdown(wait=True, cancel_futures=True)
-            if bar is not None:
-                bar.close()
-            if batcher is not None:
-                batcher.close()
-            for s in all_slots:
-                s.close()
+    def record(spec: EpisodeSpec, result: Any) -> None:
+        append_trace(out / TRACES, result.trace)
+        append_jsonl(out / RESULTS, [result.summary.to_dict()])
+        counts["ran"] += 1
+        if result.summary.status == "errored":
+            counts["errored"] += 1
+            end = result.trace.end
+            errors[spec.episode_id] = EpisodeError(spec.episode_id, spec.arm, (end.error if end else None) or "")
+        wins[spec.arm][0] += bool(result.summary.success)
+        wins[spec.arm][1] += 1
+        if bar is not None:
+            bar.set_postfix_str(" ".join(f"{a}={w}/{n}" for a, (w, n) in wins.items() if n), refresh=False)
+            bar.update(1)
+
+    run_in_slots(todo, play, record, all_slots, batcher, bar)
     seconds = time.perf_counter() - started
     batch = batcher.stats.to_dict() if batcher is not None else {}
-    _record_invocation(out, cfg, concurrency, seconds, counts, batch, engine_info)
-    return EvalOutcome(
-        out=out,
-        planned=len(specs),
-        skipped=skipped,
-        ran=counts["ran"],
-        errored=counts["errored"],
-        seconds=seconds,
-        batch=batch,
-        traces=out / TRACES,
-        results=out / RESULTS,
-        errors=[errors[s.episode_id] for s in todo if s.episode_id in errors],
-    )
+    return _Tally(counts, errors, seconds, batch)
 
 
 def _config_key(spec: EpisodeSpec) -> tuple[str, int, int]:

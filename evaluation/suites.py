@@ -148,7 +148,7 @@ def _entry_dict(e: SuiteEntry) -> dict[str, Any]:
         "env_kwargs": e.env_kwargs,
         "faults": e.faults.to_dict(),
     }
-    if e.step_cap is not None:  # only when set: run folders of flat-cap suites written before step_cap still resume
+    if e.step_cap is not None:  # only when set: a flat-cap suite's identity has no step_cap key (its folders resume)
         d["step_cap"] = e.step_cap.to_dict()
     return d
 

@@ -31,8 +31,10 @@ from pathlib import Path
 
 from simplan.core.config import parse_config
 from simplan.envs.registry import UnknownEnvError
-from simplan.evaluation.report import arms_table, load_run_data
-from simplan.evaluation.runner import EvalConfig, FolderLockedError, check_unlocked, errored_message, evaluate
+from simplan.evaluation.folder_lock import FolderLockedError, check_unlocked
+from simplan.evaluation.report_data import load_run_data
+from simplan.evaluation.report_tables import arms_table
+from simplan.evaluation.runner import EvalConfig, errored_message, evaluate
 from simplan.inference.engines import EngineConfig, engine_from_config, is_merged
 from simplan.inference.engines.config import MODEL_FREE_KINDS
 
@@ -53,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     engine = engine_from_config(engine_cfg)
     engine_info["merge_adapters"] = is_merged(engine)  # what `auto` chose, recorded with each invocation
     try:
-        outcome = evaluate(eval_cfg, engine, concurrency=engine_cfg.concurrency, engine_info=engine_info)
+        outcome = evaluate(eval_cfg, engine, engine_info=engine_info)
     except (ValueError, FileNotFoundError, FolderLockedError, UnknownEnvError, ImportError) as e:
         print(f"simplan eval: {e}", file=sys.stderr)
         return 2

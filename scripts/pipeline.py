@@ -19,7 +19,8 @@ from __future__ import annotations
 import sys
 
 from simplan.core.config import parse_config
-from simplan.workflows.pipeline import Pipeline, PipelineConfig, StageFailed
+from simplan.workflows.pipeline import Pipeline, PipelineConfig
+from simplan.workflows.pipeline_stages import StageFailed
 
 
 def main(argv: list[str] | None = None) -> int:

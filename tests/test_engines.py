@@ -18,6 +18,8 @@ import pytest
 
 from simplan.inference.engines import make_engine
 from simplan.inference.engines.base import Engine, GenerationRequest, ScoreRequest
+from simplan.inference.planning.config import SamplingConfig
+from simplan.inference.planning.router import BudgetConfig
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 ADAPTER_NAMES = ("decider", "simulator")
@@ -367,7 +369,13 @@ def _episode(engine, arm: str = "simplan"):
     env = make_env("toy")
     try:
         task = env.tasks("dev", limit=1)[0]
-        config = PlannerConfig(arm=arm, max_steps=6, max_replans=3, k=2, horizon=1, simulator_max_tokens=8)
+        config = PlannerConfig(
+            arm=arm,
+            k=2,
+            horizon=1,
+            budgets=BudgetConfig(max_steps=6, max_replans=3),
+            sampling=SamplingConfig(simulator_max_tokens=8),
+        )
         result = Planner(engine, env, config).run(task, episode_id=f"backend-check/{arm}")
     finally:
         env.close()

@@ -21,9 +21,10 @@ from simplan.data.trajectory import Trajectory
 from simplan.envs.failures import FailureRules
 from simplan.envs.registry import make_env
 from simplan.inference.engines.scripted import ScriptedEngine
-from simplan.inference.planning.config import PlannerConfig
+from simplan.inference.planning.config import PlannerConfig, PromptConfig, SamplingConfig
 from simplan.inference.planning.planner import Planner
 from simplan.inference.planning.prompts import PlannerPrompts
+from simplan.inference.planning.router import BudgetConfig
 from simplan.models.tiny import _tokenizer
 from simplan.training.examples import IGNORE_INDEX, tokenize_conversation
 
@@ -100,11 +101,10 @@ def _replay_prompts(env_name: str, traj: Trajectory, settings: PromptSettings, t
     try:
         config = PlannerConfig(
             arm="reactive",
-            propose="sample",
-            prompt_format=settings.format,
-            prompt_budget=settings.budget,
-            max_steps=len(traj.steps),
             raise_errors=True,
+            sampling=SamplingConfig(propose="sample"),
+            prompts=PromptConfig(format=settings.format, budget=settings.budget),
+            budgets=BudgetConfig(max_steps=len(traj.steps)),
         )
         planner = Planner(engine, env, config, tokenizer=tok)
         planner.prompts = PlannerPrompts(settings, settings, tok)
@@ -208,9 +208,12 @@ def test_settings_that_contradict_the_adapter_fail_naming_both(tmp_path):
     engine = _Engine({r: str(tmp_path / r) for r in ("decider", "simulator")})
     prompts = PlannerPrompts.for_engine(engine, PlannerConfig())
     assert prompts.conversation and prompts.decider_settings.budget == 512
-    assert PlannerPrompts.for_engine(engine, PlannerConfig(prompt_budget=512)).decider_settings.budget == 512
+    assert (
+        PlannerPrompts.for_engine(engine, PlannerConfig(prompts=PromptConfig(budget=512))).decider_settings.budget
+        == 512
+    )
     with pytest.raises(ValueError, match=r"budget: 512 in the decider adapter .*, 1024 given"):
-        PlannerPrompts.for_engine(engine, PlannerConfig(prompt_budget=1024))
+        PlannerPrompts.for_engine(engine, PlannerConfig(prompts=PromptConfig(budget=1024)))
     write_settings(tmp_path / "simulator", PromptSettings(format="step"))
     with pytest.raises(ValueError, match="same --format"):
         PlannerPrompts.for_engine(engine, PlannerConfig())

@@ -13,8 +13,10 @@ import warnings
 
 import pytest
 
+from simplan.evaluation.folder_lock import FolderLockedError, lock_folder
 from simplan.evaluation.metrics import aggregate, load_run
-from simplan.evaluation.runner import RESULTS, TRACES, EvalConfig, FolderLockedError, evaluate, lock_folder
+from simplan.evaluation.resume import RESULTS, TRACES
+from simplan.evaluation.runner import EvalConfig, evaluate
 from simplan.inference.engines.base import GenerationRequest, ScoreRequest
 from simplan.inference.engines.batching import BatchingEngine
 from simplan.inference.engines.scripted import ScriptedEngine
@@ -202,7 +204,7 @@ def test_a_second_run_on_a_locked_folder_refuses(tmp_path, capsys) -> None:
 LOCK_HOLDER = """
 import sys, time
 from pathlib import Path
-from simplan.evaluation.runner import lock_folder
+from simplan.evaluation.folder_lock import lock_folder
 
 with lock_folder(Path(sys.argv[1])):
     print("locked", flush=True)

@@ -39,7 +39,9 @@ from simplan.inference.engines.base import (
     sanitize_text,
 )
 from simplan.inference.engines.scripted import ScriptedEngine
+from simplan.inference.planning.config import SamplingConfig
 from simplan.inference.planning.planner import Planner, PlannerConfig, _softmax
+from simplan.inference.planning.router import BudgetConfig
 from simplan.inference.planning.trace import append_trace, read_traces
 
 # ast.parse warns about model text such as 'a\\d' or '1_a' (invalid escapes, literals): the text's problem.
@@ -203,7 +205,12 @@ def fuzz_planner(env: Env, tasks: list[Task], texts: list[str], out: Path, max_s
         if feed.served >= len(texts):
             break
         arm = ("reactive", "plan", "simplan")[i % 3]
-        cfg = PlannerConfig(arm=arm, max_steps=max_steps, k=k if arm != "reactive" else None, propose="sample")
+        cfg = PlannerConfig(
+            arm=arm,
+            k=k if arm != "reactive" else None,
+            budgets=BudgetConfig(max_steps=max_steps),
+            sampling=SamplingConfig(propose="sample"),
+        )
         try:
             result = Planner(engine, env, cfg).run(tasks[i % len(tasks)], episode_id=f"fuzz/{env.name}/{i}")
             append_trace(out / "traces.jsonl", result.trace)
@@ -342,14 +349,18 @@ class BrokenEngine(ScriptedEngine):
 def test_an_engine_that_breaks_the_protocol_ends_the_episode_with_a_clear_error(fault, propose, message):
     env = ToyEnv()
     task = env.tasks("dev")[3]
-    cfg = PlannerConfig(arm="reactive", max_steps=3, propose=propose)
+    cfg = PlannerConfig(arm="reactive", budgets=BudgetConfig(max_steps=3), sampling=SamplingConfig(propose=propose))
     result = Planner(BrokenEngine(fault), env, cfg).run(task)
     assert result.summary.status == "errored"
     error = result.trace.end.error
     assert error.startswith("EngineContractError: BrokenEngine: ") and re.search(message, error)
     assert "(request tag 'decide')" in error
     with pytest.raises(EngineContractError, match="BrokenEngine"):
-        Planner(BrokenEngine(fault), env, PlannerConfig(arm="reactive", propose=propose, raise_errors=True)).run(task)
+        Planner(
+            BrokenEngine(fault),
+            env,
+            PlannerConfig(arm="reactive", raise_errors=True, sampling=SamplingConfig(propose=propose)),
+        ).run(task)
 
 
 def test_metered_engine_gives_sanitized_copies_and_leaves_the_backend_results_alone():
@@ -379,7 +390,7 @@ class ChokingToy(ToyEnv):
 
 def test_an_env_parser_that_chokes_on_model_text_is_a_parse_failure_not_an_error():
     env = ChokingToy()
-    cfg = PlannerConfig(arm="reactive", max_steps=2, propose="sample")
+    cfg = PlannerConfig(arm="reactive", budgets=BudgetConfig(max_steps=2), sampling=SamplingConfig(propose="sample"))
     result = Planner(ScriptedEngine(lambda req, _: "boom", constrained=False), env, cfg).run(env.tasks("dev")[3])
     assert result.summary.status == "budget_steps" and len(result.trace.of_type("act")) == 2  # fallback actions
     reasons = [e.reason for e in result.trace.of_type("parse_failure")]

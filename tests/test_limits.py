@@ -27,8 +27,10 @@ from simplan.envs.limits import (
 from simplan.envs.registry import make_env
 from simplan.envs.toy import ToyEnv
 from simplan.inference.engines.scripted import ScriptedEngine, ToyOracle
+from simplan.inference.planning.config import PromptConfig
 from simplan.inference.planning.planner import Planner, PlannerConfig
-from simplan.inference.planning.trace import END_STATUSES
+from simplan.inference.planning.router import BudgetConfig
+from simplan.inference.planning.trace_events import END_STATUSES
 
 SLACK = 1.0  # seconds a limited call may overrun its limit on a loaded 2-core machine (thread/process start)
 
@@ -159,7 +161,9 @@ def test_planner_goes_on_after_a_timed_out_step(monkeypatch):
     oracle = ToyOracle(task)
     engine = ScriptedEngine(oracle.decide, oracle.simulate, oracle.score)
     env = make_env("slow-toy", step_timeout=0.3)
-    result = Planner(engine, env, PlannerConfig(arm="reactive", max_history=50, raise_errors=True)).run(task)
+    result = Planner(
+        engine, env, PlannerConfig(arm="reactive", raise_errors=True, prompts=PromptConfig(max_history=50))
+    ).run(task)
     acts = result.trace.of_type("act")
     assert acts[0].error and "did not finish within 0.3 s" in acts[0].observation
     assert acts[0].env_seconds < 0.3 + SLACK
@@ -174,17 +178,28 @@ def test_episode_time_budget_ends_the_episode():
     task = toy_task()
     oracle = ToyOracle(task)
     engine = ScriptedEngine(oracle.decide, oracle.simulate, oracle.score)
-    cfg = PlannerConfig(arm="reactive", max_history=50, raise_errors=True, max_episode_seconds=0.5)
+    cfg = PlannerConfig(
+        arm="reactive",
+        raise_errors=True,
+        prompts=PromptConfig(max_history=50),
+        budgets=BudgetConfig(max_episode_seconds=0.5),
+    )
     result = Planner(engine, SleepyToy(), cfg).run(task)  # 6 steps of 0.2 s would win
     s = result.summary
     assert s.status == "budget_time" and not s.success and 1 <= s.steps < 6
     end = result.trace.of_type("end")[0]
     assert 0.5 <= end.wall_seconds < 0.5 + SleepyToy.delay + SLACK  # checked between steps
     assert result.trace.of_type("start")[0].budgets["max_seconds"] == 0.5
-    no_limit = Planner(engine, SleepyToy(), PlannerConfig(arm="reactive", max_history=50, max_episode_seconds=0))
+    no_limit = Planner(
+        engine,
+        SleepyToy(),
+        PlannerConfig(
+            arm="reactive", prompts=PromptConfig(max_history=50), budgets=BudgetConfig(max_episode_seconds=0)
+        ),
+    )
     assert no_limit.router.budgets(task).max_seconds == 0
     with pytest.raises(ValueError, match="max_episode_seconds"):
-        PlannerConfig(max_episode_seconds=-1)
+        PlannerConfig(budgets=BudgetConfig(max_episode_seconds=-1))
 
 
 # -- the worker process ------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from simplan.inference.engines import config as engine_config
-from simplan.inference.engines.config import EngineConfig, parse_merge, resolve_merge
+from simplan.inference.engines.config import EngineConfig, HFOptions, parse_merge, resolve_merge
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +73,7 @@ def test_a_bad_merge_value_names_the_field():
 
 def test_auto_merges_hf_on_the_cpu_with_local_folders(base, adapters, no_cuda):
     for device in ("cpu", "auto"):  # auto: no CUDA here, so the CPU
-        choice = resolve_merge(EngineConfig(engine="hf", model=base, adapters=adapters, device=device))
+        choice = resolve_merge(EngineConfig(engine="hf", model=base, adapters=adapters, hf=HFOptions(device=device)))
         assert choice.merge and choice.reason == "CPU, auto"
         assert choice.line() == "engine: merged adapters (CPU, auto)"
 
@@ -81,10 +81,12 @@ def test_auto_merges_hf_on_the_cpu_with_local_folders(base, adapters, no_cuda):
 def test_auto_keeps_multi_lora_on_a_gpu(base, adapters, monkeypatch):
     import torch
 
-    choice = resolve_merge(EngineConfig(engine="hf", model=base, adapters=adapters, device="cuda:0"))
+    choice = resolve_merge(EngineConfig(engine="hf", model=base, adapters=adapters, hf=HFOptions(device="cuda:0")))
     assert not choice.merge and "cuda:0" in choice.reason
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert not resolve_merge(EngineConfig(engine="hf", model=base, adapters=adapters, device="auto")).merge
+    assert not resolve_merge(
+        EngineConfig(engine="hf", model=base, adapters=adapters, hf=HFOptions(device="auto"))
+    ).merge
 
 
 def test_auto_follows_the_vllm_build(base, adapters, monkeypatch):
@@ -97,21 +99,27 @@ def test_auto_follows_the_vllm_build(base, adapters, monkeypatch):
 
 
 def test_auto_does_not_merge_what_it_cannot(base, adapters, tmp_path, no_cuda):
-    hub = resolve_merge(EngineConfig(engine="hf", model="someorg/not-a-folder", adapters=adapters, device="cpu"))
+    hub = resolve_merge(
+        EngineConfig(engine="hf", model="someorg/not-a-folder", adapters=adapters, hf=HFOptions(device="cpu"))
+    )
     assert not hub.merge and "not a local folder" in hub.reason  # no error: multi-LoRA loads it from the hub
     (tmp_path / "bare").mkdir()  # no adapter_config.json: multi-LoRA reports the bad folder itself
-    bare = resolve_merge(EngineConfig(engine="hf", model=base, adapters=f"decider={tmp_path / 'bare'}", device="cpu"))
+    bare = resolve_merge(
+        EngineConfig(engine="hf", model=base, adapters=f"decider={tmp_path / 'bare'}", hf=HFOptions(device="cpu"))
+    )
     assert not bare.merge and "peft folder" in bare.reason
-    assert not resolve_merge(EngineConfig(engine="hf", model=base, device="cpu")).merge  # no adapters
+    assert not resolve_merge(EngineConfig(engine="hf", model=base, hf=HFOptions(device="cpu"))).merge  # no adapters
     served = resolve_merge(EngineConfig(engine="openai", adapters="decider,simulator"))
     assert not served.merge and "openai" in served.reason
     assert not resolve_merge(EngineConfig(engine="expert")).merge
 
 
 def test_explicit_values_win_over_the_platform(base, adapters, no_cuda):
-    on_gpu = EngineConfig(engine="hf", model=base, adapters=adapters, device="cuda:0", merge_adapters="true")
+    on_gpu = EngineConfig(
+        engine="hf", model=base, adapters=adapters, hf=HFOptions(device="cuda:0"), merge_adapters="true"
+    )
     assert resolve_merge(on_gpu).merge and resolve_merge(on_gpu).reason == "merge_adapters: true"
-    on_cpu = EngineConfig(engine="hf", model=base, adapters=adapters, device="cpu", merge_adapters=False)
+    on_cpu = EngineConfig(engine="hf", model=base, adapters=adapters, hf=HFOptions(device="cpu"), merge_adapters=False)
     assert not resolve_merge(on_cpu).merge and resolve_merge(on_cpu).reason == "merge_adapters: false"
     with pytest.raises(ValueError, match="merge_adapters: the openai engine cannot merge"):
         EngineConfig(engine="openai", merge_adapters="true")

@@ -20,6 +20,7 @@ from simplan.envs.toy import ToyEnv
 from simplan.evaluation.faults import FaultConfig, FaultyEnv
 from simplan.evaluation.runner import EvalConfig
 from simplan.inference.engines.scripted import ScriptedEngine, ToyOracle, prompt_actions, toy_expert_action
+from simplan.inference.planning.config import ImaginationConfig, PromptConfig
 from simplan.inference.planning.judge import Judge, JudgeMemory, JudgeWeights, Outcome
 from simplan.inference.planning.oracle import EnvOracle, OracleTimeout, executed_actions, same_env_factory
 from simplan.inference.planning.planner import Planner, PlannerConfig, Rollout
@@ -196,7 +197,13 @@ def _engine(wrong_simulator: bool = False) -> ScriptedEngine:
 
 def _run(engine: ScriptedEngine, simulator: str, env: Env | None = None):
     cfg = PlannerConfig(
-        arm="simplan", k=3, horizon=3, adaptive=False, max_history=50, raise_errors=True, simulator=simulator
+        arm="simplan",
+        k=3,
+        horizon=3,
+        adaptive=False,
+        raise_errors=True,
+        simulator=simulator,
+        prompts=PromptConfig(max_history=50),
     )
     planner = Planner(engine, env or ToyEnv(), cfg)
     try:
@@ -242,7 +249,9 @@ def test_a_failing_oracle_drops_its_rollouts_and_the_episode_goes_on():
     def broken() -> Env:
         raise RuntimeError("no JVM here")
 
-    cfg = PlannerConfig(arm="simplan", k=2, horizon=2, adaptive=False, max_history=50, simulator="env")
+    cfg = PlannerConfig(
+        arm="simplan", k=2, horizon=2, adaptive=False, simulator="env", prompts=PromptConfig(max_history=50)
+    )
     planner = Planner(_engine(), ToyEnv(), cfg, oracle=EnvOracle(broken))
     trace = planner.run(TOY_TASKS[1]).trace
     planner.close()
@@ -410,7 +419,13 @@ def test_the_oracle_planner_avoids_a_losing_first_action_a_texts_only_judge_take
         oracle = TrapOracle(task)
         engine = ScriptedEngine(oracle.decide, oracle.simulate, oracle.score)
         cfg = PlannerConfig(
-            arm="simplan", k=3, horizon=2, adaptive=False, max_history=50, raise_errors=True, simulator=simulator
+            arm="simplan",
+            k=3,
+            horizon=2,
+            adaptive=False,
+            raise_errors=True,
+            simulator=simulator,
+            prompts=PromptConfig(max_history=50),
         )
         planner = Planner(engine, TrapToy(), cfg)
         try:
@@ -480,7 +495,13 @@ def test_when_every_candidate_loses_the_planner_imagines_the_next_ranked_actions
     oracle = LeverOracle(task)
     engine = ScriptedEngine(oracle.decide, oracle.simulate, oracle.score)
     cfg = PlannerConfig(
-        arm="simplan", k=3, horizon=1, adaptive=False, raise_errors=True, simulator="env", widen_lost=widen_lost
+        arm="simplan",
+        k=3,
+        horizon=1,
+        adaptive=False,
+        raise_errors=True,
+        simulator="env",
+        imagination=ImaginationConfig(widen_lost=widen_lost),
     )
     planner = Planner(engine, LeverToy(), cfg)
     try:

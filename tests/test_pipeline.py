@@ -163,7 +163,7 @@ def test_stage_configs_come_from_the_recipes(tmp_path, monkeypatch, capsys) -> N
     assert collect_dev["limit"] == 3 and collect_dev["workers"] == 2
     assert pipeline.stage("build-simulator").config["build"]["max_prompt_tokens"] == 640
     eval_stage = pipeline.stage("eval")
-    assert eval_stage.config["engine"]["concurrency"] == 12 and eval_stage.config["eval"]["max_steps"] == 25
+    assert eval_stage.config["eval"]["concurrency"] == 12 and eval_stage.config["eval"]["max_steps"] == 25
 
     # a recipe file's contents are part of the stage's configuration: an edit re-runs the stage
     recipe = tmp_path / "decider.yaml"

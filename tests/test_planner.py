@@ -9,6 +9,7 @@ from simplan.data.format import SECTION_OBSERVATION
 from simplan.envs.base import Observation, StepResult
 from simplan.envs.toy import ToyEnv
 from simplan.inference.engines.scripted import ScriptedEngine, ToyOracle, prompt_actions
+from simplan.inference.planning.pivots import PivotConfig
 from simplan.inference.planning.planner import Planner, PlannerConfig
 from simplan.inference.planning.trace import (
     ActEvent,
@@ -39,7 +40,7 @@ def config(arm: str = "simplan", **kw) -> PlannerConfig:
     kw.setdefault("raise_errors", True)
     if arm == "simplan":
         kw.setdefault("adaptive", False)
-    return PlannerConfig(arm=arm, **kw)
+    return PlannerConfig.from_dict({"arm": arm, **kw})  # flat keys are read as their sections' (LEGACY_KEYS)
 
 
 def run(engine, cfg, env=None, task=TASK):
@@ -257,7 +258,7 @@ def test_family_budgets_override_the_defaults():
     engine, _ = oracle_engine()
     result = run(engine, config(family_budgets={"corridor": {"max_steps": 1}}))
     assert result.summary.status == "budget_steps" and result.summary.steps == 1
-    with pytest.raises(ValueError, match="family_budgets"):
+    with pytest.raises(ValueError, match=r"budgets\.family"):
         config(family_budgets={"corridor": {"max_stepz": 1}})
 
 
@@ -351,7 +352,7 @@ def test_config_presets_and_validation():
     with pytest.raises(ValueError, match="PlannerConfig.k"):
         PlannerConfig(k=0)
     with pytest.raises(ValueError, match="similarity"):
-        PlannerConfig(similarity="bleu")
+        PlannerConfig(pivot_rules=PivotConfig(similarity="bleu"))
     with pytest.raises(ValueError, match="no adapter 'simulator'"):
         Planner(ScriptedEngine(lambda r, t: "look", adapters=["decider"]), ToyEnv(), PlannerConfig())
 

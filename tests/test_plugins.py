@@ -21,6 +21,7 @@ from simplan.envs import registry
 from simplan.envs.base import Action, Task, env_extra
 from simplan.envs.check import check_env
 from simplan.envs.registry import UnknownEnvError, make_env
+from simplan.inference.planning.router import BudgetConfig
 from simplan.inference.planning.trace import ActEvent
 
 REPO = Path(__file__).resolve().parents[1]
@@ -111,13 +112,16 @@ def test_expert_engine_wins_reactive_and_random_is_seeded(shop_on_path: None) ->
     env = make_env(SPEC)
     tasks = env.tasks("dev", limit=6)
     expert = make_engine("expert", "unused")
-    results = [Planner(expert, env, PlannerConfig(arm="reactive", max_steps=12)).run(t).summary for t in tasks]
+    results = [
+        Planner(expert, env, PlannerConfig(arm="reactive", budgets=BudgetConfig(max_steps=12))).run(t).summary
+        for t in tasks
+    ]
     assert all(r.success for r in results)
     assert sum(r.invalid_actions for r in results) > 0  # the 503s and sell-outs were met and got past
 
     def random_actions(task: Task) -> list[str]:
         engine = make_engine("random", "unused")
-        trace = Planner(engine, env, PlannerConfig(arm="reactive", max_steps=6)).run(task).trace
+        trace = Planner(engine, env, PlannerConfig(arm="reactive", budgets=BudgetConfig(max_steps=6))).run(task).trace
         return [e.action for e in trace.events if isinstance(e, ActEvent)]
 
     runs = [random_actions(t) for t in tasks]

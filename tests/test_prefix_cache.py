@@ -18,6 +18,8 @@ from simplan.inference.engines import make_engine
 from simplan.inference.engines.base import GenerationRequest, MeteredEngine, ScoreRequest
 from simplan.inference.engines.common import prompt_ids
 from simplan.inference.engines.hf_peft import HFPeftEngine
+from simplan.inference.planning.config import SamplingConfig
+from simplan.inference.planning.router import BudgetConfig
 
 TOL = 1e-4  # float32: the cached and the cold prefill differ by summation order only (~1e-6)
 SYSTEM = {"role": "system", "content": "You act in a text game. Answer with one action."}
@@ -225,7 +227,14 @@ def test_planner_episode_reuses_prefixes_records_them_and_ends_its_session(tiny,
     from simplan.inference.planning.planner import Planner, PlannerConfig
 
     cold = HFPeftEngine(*tiny, dtype="float32", threads=1, prefix_cache_sessions=0)
-    config = PlannerConfig(arm="simplan", max_steps=4, k=2, horizon=1, simulator_adapter="", simulator_max_tokens=8)
+    config = PlannerConfig(
+        arm="simplan",
+        k=2,
+        horizon=1,
+        simulator_adapter="",
+        budgets=BudgetConfig(max_steps=4),
+        sampling=SamplingConfig(simulator_max_tokens=8),
+    )
     runs = []
     for eng in (engine, cold):
         env = make_env("toy")
@@ -247,7 +256,7 @@ def test_planner_episode_reuses_prefixes_records_them_and_ends_its_session(tiny,
 
 def test_the_engine_option_reaches_the_hf_backend(tiny):
     from simplan.inference.engines import engine_from_config
-    from simplan.inference.engines.config import EngineConfig
+    from simplan.inference.engines.config import EngineConfig, HFOptions
 
     base, adapters = tiny
     eng = engine_from_config(
@@ -256,11 +265,11 @@ def test_the_engine_option_reaches_the_hf_backend(tiny):
             model=base,
             adapters=f"decider={adapters['decider']}",
             dtype="float32",
-            prefix_cache_sessions=3,
+            hf=HFOptions(prefix_cache_sessions=3),
             merge_adapters=False,  # the multi-LoRA engine's own prefix cache (auto would merge on the CPU)
         )
     )
     assert eng.prefixes is not None and eng.prefixes.sessions == 3
     eng.close()
     with pytest.raises(ValueError, match="prefix_cache_sessions"):
-        EngineConfig(prefix_cache_sessions=-1)
+        HFOptions(prefix_cache_sessions=-1)

@@ -14,7 +14,9 @@ from simplan.evaluation.metrics import aggregate, load_run, prompt_account, reco
 from simplan.evaluation.report import write_report
 from simplan.inference.engines.base import GenerationRequest, ScoreRequest
 from simplan.inference.engines.scripted import ScriptedEngine, ToyOracle, last_user_content
+from simplan.inference.planning.config import PromptConfig
 from simplan.inference.planning.planner import Planner, PlannerConfig
+from simplan.inference.planning.router import BudgetConfig
 from simplan.inference.planning.trace import (
     ActEvent,
     CandidateRecord,
@@ -131,7 +133,7 @@ def test_reactive_toy_run_counts_every_decider_prompt(tmp_path) -> None:
     task = env.tasks("dev")[3]
     oracle = ToyOracle(task)
     engine = ScriptedEngine(oracle.decide, oracle.simulate, oracle.score)
-    cfg = PlannerConfig(arm="reactive", max_history=50, raise_errors=True)
+    cfg = PlannerConfig(arm="reactive", raise_errors=True, prompts=PromptConfig(max_history=50))
     result = Planner(engine, env, cfg).run(task)
     assert result.summary.success
     append_trace(tmp_path / "traces.jsonl", result.trace)
@@ -161,7 +163,7 @@ def test_simplan_toy_run_splits_decisions_from_imagination() -> None:
     task = env.tasks("dev")[3]
     oracle = ToyOracle(task)
     engine = ScriptedEngine(oracle.decide, oracle.simulate, oracle.score)
-    cfg = PlannerConfig(arm="simplan", adaptive=False, max_history=50, raise_errors=True)
+    cfg = PlannerConfig(arm="simplan", adaptive=False, raise_errors=True, prompts=PromptConfig(max_history=50))
     result = Planner(engine, env, cfg).run(task)
     (m,) = aggregate(records_from_traces([result.trace]))
     imagines = result.trace.of_type("imagine")
@@ -280,7 +282,11 @@ def test_hf_prefix_cache_prefills_only_the_new_turn(monkeypatch) -> None:
     try:
         task = env.tasks("dev", limit=1)[0]
         cfg = PlannerConfig(
-            arm="reactive", decider_adapter="", prompt_format="conversation", max_steps=3, raise_errors=True
+            arm="reactive",
+            decider_adapter="",
+            raise_errors=True,
+            prompts=PromptConfig(format="conversation"),
+            budgets=BudgetConfig(max_steps=3),
         )
         result = Planner(engine, env, cfg).run(task, episode_id="split/reactive")
     finally:

@@ -200,8 +200,16 @@ RULE_TABLE: dict[str, Rule] = {
     f"simplan serve --model smollm2-135m-instruct --adapters {ADAPTERS}": Rule(help_only=NEEDS_SERVER),
     f"simplan serve --model smollm2-135m-instruct --adapters {ADAPTERS} --port 8000": Rule(help_only=NEEDS_SERVER),
     "simplan eval --suite twx-dev-small --arms reactive,simplan --engine openai --model smollm2-135m-instruct "
-    f"--adapters {ADAPTERS} --base_url http://127.0.0.1:8000/v1 --out runs/eval/twx-dev-small-served": Rule(
+    f"--adapters {ADAPTERS} --openai.base_url http://127.0.0.1:8000/v1 --out runs/eval/twx-dev-small-served": Rule(
         help_only=NEEDS_SERVER
+    ),
+    # --- docs/recipes.md: sections as dotted flags, a mapping field's keys as dotted flags
+    "simplan run --env toy --arm reactive --engine random --budgets.max_steps 40 --judge.error -3 --view plain": Rule(
+        add=("--budgets.max_steps", "3"), outputs=("runs/run/toy-corridor-100-reactive.jsonl",)
+    ),
+    "simplan eval --suite toy-dev --arms reactive --engine random --planner '{judge: {error: -3}}' "
+    "--planner.budgets.max_steps 8 --out runs/eval/toy-random": Rule(
+        add=flags({"progress": "false", "episodes": 1}), outputs=("runs/eval/toy-random/results.jsonl",)
     ),
     # --- README: your own env (docs/writing-an-environment.md repeats these), your own trajectories
     "simplan envs check simplan.envs.toy:ToyEnv --sample 2": Rule(),
@@ -339,7 +347,8 @@ PYTHON_SWAPS = {
     'make_env("twx")': 'make_env("toy")',
     '"smollm2-135m-instruct", adapters)': 'TINY, adapters, dtype="float32", threads=1)',
     'out="runs/datasets/toy-decider")': 'out="runs/datasets/toy-decider", model=TINY)',  # the tokenizer
-    'PlannerConfig(arm="simplan")': 'PlannerConfig(arm="simplan", max_steps=2, k=2, horizon=1, decider_max_tokens=8)',
+    'PlannerConfig(arm="simplan")': 'PlannerConfig.from_dict({"arm": "simplan", "k": 2, "horizon": 1, '
+    '"budgets": {"max_steps": 2}, "sampling": {"decider_max_tokens": 8}})',
 }
 
 

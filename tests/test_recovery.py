@@ -26,6 +26,7 @@ from simplan.inference.engines.scripted import ScriptedEngine, last_user_content
 from simplan.inference.planning.judge import Judge, JudgeMemory, JudgeWeights
 from simplan.inference.planning.pivots import StepRecord, TransientError
 from simplan.inference.planning.planner import Planner, PlannerConfig
+from simplan.inference.planning.router import BudgetConfig
 
 SPEC = "simplan_shop.env:ShopEnv"
 BUSY = "Service busy (503): try again."
@@ -75,7 +76,8 @@ def flaky_engine(fails: int, make=FlakyToy) -> ScriptedEngine:
 
 
 def flaky_run(fails: int, make=FlakyToy, **kw):
-    cfg = PlannerConfig(arm="simplan", k=1, horizon=0, adaptive=False, max_history=50, raise_errors=True, **kw)
+    base = {"arm": "simplan", "k": 1, "horizon": 0, "adaptive": False, "max_history": 50, "raise_errors": True}
+    cfg = PlannerConfig.from_dict({**base, **kw})
     engine = flaky_engine(fails, make)
     return Planner(engine, make(fails), cfg).run(TASK), engine
 
@@ -192,7 +194,9 @@ def test_planner_prefers_a_useful_call_to_a_premature_finish(shop_on_path):
     engine = ScriptedEngine(
         decide=lambda req, user: ["finish()", "finish()", "search(query='kettle')"][: req.n], simulate=simulate
     )
-    cfg = PlannerConfig(arm="simplan", k=3, horizon=1, adaptive=False, max_steps=1, raise_errors=True)
+    cfg = PlannerConfig(
+        arm="simplan", k=3, horizon=1, adaptive=False, raise_errors=True, budgets=BudgetConfig(max_steps=1)
+    )
     trace = Planner(engine, env, cfg).run(task).trace
     (imagine,) = trace.of_type("imagine")
     by_first = {c.actions[0]: c for c in imagine.candidates}
@@ -203,7 +207,7 @@ def test_planner_prefers_a_useful_call_to_a_premature_finish(shop_on_path):
 def test_a_finish_the_model_insists_on_is_not_a_success(shop_on_path):
     env = make_env(SPEC)
     engine = ScriptedEngine(decide=lambda req, user: "finish()")
-    cfg = PlannerConfig(arm="reactive", max_steps=3, raise_errors=True)
+    cfg = PlannerConfig(arm="reactive", raise_errors=True, budgets=BudgetConfig(max_steps=3))
     summary = Planner(engine, env, cfg).run(env.tasks("train")[0]).summary
     assert summary.status == "failed" and not summary.success  # the env's verdict, not the model's word
 

@@ -10,7 +10,8 @@ import pytest
 from test_metrics import make_trace, shop_traces, traces  # pytest puts tests/ on sys.path (rootdir-relative imports)
 
 from simplan.evaluation.metrics import aggregate, load_run
-from simplan.evaluation.report import pct, write_report
+from simplan.evaluation.report import write_report
+from simplan.evaluation.report_tables import pct
 from simplan.inference.planning.trace import append_trace
 from simplan.scripts.report import main as report_main
 

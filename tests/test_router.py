@@ -20,9 +20,10 @@ from simplan.evaluation.metrics import episode_record, group_metrics
 from simplan.evaluation.offline import EvalModelConfig, simulator_verb_accuracy, write_verb_accuracy
 from simplan.inference.engines.base import Completion, GenerationRequest, GenerationResult
 from simplan.inference.engines.scripted import ScriptedEngine, ToyOracle
-from simplan.inference.planning.config import Budgets, Router
+from simplan.inference.planning.config import PromptConfig
 from simplan.inference.planning.judge import Judge, JudgeMemory, JudgeWeights, trust
 from simplan.inference.planning.planner import Planner, PlannerConfig
+from simplan.inference.planning.router import Budgets, Router, RouterConfig
 from simplan.inference.planning.sim_accuracy import (
     ACCURACY_FILE,
     SimulatorAccuracy,
@@ -49,7 +50,8 @@ def run_toy(tmp_path, accuracy: dict[str, float], confidence: float = 5.0, **kw)
     oracle = ToyOracle(TASK, confidence=confidence)
     engine = ScriptedEngine(oracle.decide, oracle.simulate, oracle.score)
     kw.setdefault("simulator_accuracy", str(table_file(tmp_path, accuracy)))
-    cfg = PlannerConfig(arm="simplan", k=2, horizon=2, router="selective", max_history=50, raise_errors=True, **kw)
+    base = {"arm": "simplan", "k": 2, "horizon": 2, "router": "selective", "max_history": 50, "raise_errors": True}
+    cfg = PlannerConfig.from_dict({**base, **kw})  # flat keys, as configs written before the sections
     result = Planner(engine, ToyEnv(), cfg).run(TASK)
     return engine, result
 
@@ -105,7 +107,9 @@ def test_router_rule_both_needs_a_reliable_simulator_and_an_unsure_decider(tmp_p
 def test_router_always_keeps_todays_behaviour(tmp_path):
     oracle = ToyOracle(TASK)
     engine = ScriptedEngine(oracle.decide, oracle.simulate, oracle.score)
-    cfg = PlannerConfig(arm="simplan", k=2, horizon=2, adaptive=False, max_history=50, raise_errors=True)
+    cfg = PlannerConfig(
+        arm="simplan", k=2, horizon=2, adaptive=False, raise_errors=True, prompts=PromptConfig(max_history=50)
+    )
     result = Planner(engine, ToyEnv(), cfg).run(TASK)
     assert engine.requests("simulate") and all(e.route == "" for e in result.trace.of_type("imagine"))
 
@@ -115,7 +119,14 @@ def test_router_reads_the_table_from_the_simulator_adapter_folder(tmp_path):
     oracle = ToyOracle(TASK)
     engine = ScriptedEngine(oracle.decide, oracle.simulate, oracle.score)
     engine.adapter_dirs = {"simulator": str(tmp_path)}
-    cfg = PlannerConfig(arm="simplan", k=2, horizon=2, router="selective", max_history=50, raise_errors=True)
+    cfg = PlannerConfig(
+        arm="simplan",
+        k=2,
+        horizon=2,
+        raise_errors=True,
+        router=RouterConfig(mode="selective"),
+        prompts=PromptConfig(max_history=50),
+    )
     Planner(engine, ToyEnv(), cfg).run(TASK)
     assert engine.requests("simulate") == []
 
@@ -123,20 +134,26 @@ def test_router_reads_the_table_from_the_simulator_adapter_folder(tmp_path):
 def test_router_without_a_table_fails_naming_the_field_and_the_command(tmp_path):
     oracle = ToyOracle(TASK)
     engine = ScriptedEngine(oracle.decide, oracle.simulate, oracle.score)
-    cfg = PlannerConfig(arm="simplan", router="selective", max_history=50)
+    cfg = PlannerConfig(arm="simplan", router=RouterConfig(mode="selective"), prompts=PromptConfig(max_history=50))
     with pytest.raises(ValueError, match="simulator_accuracy.*--write_adapter_accuracy"):
         Planner(engine, ToyEnv(), cfg)
-    cfg = PlannerConfig(arm="simplan", router="selective", simulator_accuracy=str(tmp_path / "none.json"))
+    cfg = PlannerConfig(
+        arm="simplan", router=RouterConfig(mode="selective", simulator_accuracy=str(tmp_path / "none.json"))
+    )
     with pytest.raises(ValueError, match="none.json does not exist"):
         Planner(engine, ToyEnv(), cfg)
-    Planner(engine, ToyEnv(), PlannerConfig(arm="reactive", router="selective"))  # never simulates: no table needed
+    Planner(
+        engine, ToyEnv(), PlannerConfig(arm="reactive", router=RouterConfig(mode="selective"))
+    )  # never simulates: no table needed
 
 
 def test_router_arm_presets():
     always, router = PlannerConfig(arm="simplan-always"), PlannerConfig(arm="simplan-router")
-    assert (always.router, always.adaptive, always.horizon) == ("always", False, 3)
-    assert (router.router, router.adaptive, router.horizon, router.pivots) == ("selective", False, 3, True)
-    assert PlannerConfig(arm="simplan-router", router_rule="both").router_rule == "both"  # presets keep flags
+    assert (always.router.mode, always.adaptive, always.horizon) == ("always", False, 3)
+    assert (router.router.mode, router.adaptive, router.horizon, router.pivots) == ("selective", False, 3, True)
+    assert (
+        PlannerConfig(arm="simplan-router", router=RouterConfig(rule="both")).router.rule == "both"
+    )  # presets keep flags
 
 
 def test_router_unit_rules_and_config_checks():
@@ -144,7 +161,7 @@ def test_router_unit_rules_and_config_checks():
         {"go": {"n": 20, "exact": 18}, "put": {"n": 20, "exact": 4}, "x": {"n": 2, "exact": 0}}
     )
     budgets = Budgets(max_steps=50, max_replans=3, token_budget=0, horizon=3, k=3)
-    router = Router(PlannerConfig(arm="simplan", router="selective", router_accuracy=0.5), table)
+    router = Router(PlannerConfig(arm="simplan", router=RouterConfig(mode="selective", accuracy=0.5)), table)
     assert router.route(budgets, 0.9, 50, "", "go").horizon == 3  # reliable
     assert router.route(budgets, 0.9, 2, "", "go").horizon == 2  # capped by the steps left
     react = router.route(budgets, 0.9, 50, "", "put")
@@ -154,9 +171,15 @@ def test_router_unit_rules_and_config_checks():
     # "x" has 2 rows (< router_min_rows 10): the overall accuracy 22/42 = 0.52 >= 0.5 decides
     assert router.route(budgets, 0.9, 50, "", "x").accuracy == pytest.approx(22 / 42)
     assert router.route(budgets, 0.9, 50, "budget spent", "go").horizon == 0  # degraded wins
-    for bad in ({"router": "sometimes"}, {"router_rule": "any"}, {"router_accuracy": 1.5}, {"w_confidence": -0.1}):
-        with pytest.raises(ValueError, match=f"PlannerConfig.{next(iter(bad))}"):
-            PlannerConfig(arm="simplan", **bad)
+    bad_values = [
+        ("router.mode", "sometimes"),
+        ("router.rule", "any"),
+        ("router.accuracy", 1.5),
+        ("judge.confidence", -0.1),
+    ]
+    for key, value in bad_values:
+        with pytest.raises(ValueError, match=key.replace(".", r"\.")):
+            PlannerConfig.from_dict({"arm": "simplan", key: value})
 
 
 # -- per-verb accuracy -----------------------------------------------------------------------------
@@ -267,14 +290,20 @@ class NoLogprobEngine(ScriptedEngine):
 
 def test_planner_traces_the_simulator_confidence_and_is_none_safe():
     oracle = ToyOracle(TASK)
-    cfg = PlannerConfig(arm="simplan", k=2, horizon=2, adaptive=False, max_history=50, raise_errors=True)
+    cfg = PlannerConfig(
+        arm="simplan", k=2, horizon=2, adaptive=False, raise_errors=True, prompts=PromptConfig(max_history=50)
+    )
     engine = ScriptedEngine(oracle.decide, oracle.simulate, oracle.score)  # logprob -0.1 per word
-    result = Planner(engine, ToyEnv(), dataclasses.replace(cfg, w_confidence=0.5)).run(TASK)
+    result = Planner(
+        engine, ToyEnv(), dataclasses.replace(cfg, judge=dataclasses.replace(cfg.judge, confidence=0.5))
+    ).run(TASK)
     assert all(r.logprobs for r in engine.requests("simulate"))
     confidences = [c for e in result.trace.of_type("imagine") for r in e.candidates for c in r.confidence]
     assert confidences and all(c == pytest.approx(-0.1) for c in confidences)
     blind = NoLogprobEngine(oracle.decide, oracle.simulate, oracle.score)
-    result = Planner(blind, ToyEnv(), dataclasses.replace(cfg, w_confidence=0.5)).run(TASK)
+    result = Planner(
+        blind, ToyEnv(), dataclasses.replace(cfg, judge=dataclasses.replace(cfg.judge, confidence=0.5))
+    ).run(TASK)
     records = [r for e in result.trace.of_type("imagine") for r in e.candidates]
     assert result.summary.success and any(r.confidence for r in records)
     assert all(c is None for r in records for c in r.confidence)

@@ -17,6 +17,7 @@ from simplan.envs.base import Action
 from simplan.evaluation.metrics import aggregate, records_from_traces
 from simplan.evaluation.report import write_report
 from simplan.inference.engines.scripted import ScriptedEngine, prompt_action, prompt_actions
+from simplan.inference.planning.config import PromptConfig
 from simplan.inference.planning.oracle import EnvOracle
 from simplan.inference.planning.planner import Planner, PlannerConfig
 from simplan.inference.planning.trace import (
@@ -71,7 +72,9 @@ def run_episode(tmp_path: Path, verdicts: bool, wins: bool = True) -> EpisodeTra
     engine = ScriptedEngine(simulator.decide, simulator.simulate, simulator.score).trained_with(
         "simulator", tmp_path / "simulator", PromptSettings(format="step", max_history=50, verdicts=verdicts)
     )
-    cfg = PlannerConfig(arm="simplan", k=3, horizon=3, adaptive=False, max_history=50, raise_errors=True)
+    cfg = PlannerConfig(
+        arm="simplan", k=3, horizon=3, adaptive=False, raise_errors=True, prompts=PromptConfig(max_history=50)
+    )
     planner = Planner(engine, OneLeverToy(), cfg)
     try:
         trace = planner.run(task).trace
@@ -125,7 +128,9 @@ def test_the_env_oracles_verdicts_are_accounted_the_same_way():
     task = TOY_TASKS[0]
     decider = VerdictSimulator(task, wins=True)  # its decider and scores; the env oracle predicts
     engine = ScriptedEngine(decider.decide, None, decider.score, adapters=["decider"])
-    cfg = PlannerConfig(arm="simplan", k=3, horizon=3, adaptive=False, max_history=50, simulator="env")
+    cfg = PlannerConfig(
+        arm="simplan", k=3, horizon=3, adaptive=False, simulator="env", prompts=PromptConfig(max_history=50)
+    )
     planner = Planner(engine, OneLeverToy(), cfg, oracle=EnvOracle(OneLeverToy))
     try:
         trace = planner.run(task).trace

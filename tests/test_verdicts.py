@@ -23,6 +23,7 @@ from simplan.data.format import observation_completion, split_verdict
 from simplan.data.trajectory import Trajectory
 from simplan.evaluation.offline import EvalModelConfig, dataset_verdicts, evaluate, simulator_metrics
 from simplan.inference.engines.scripted import ScriptedEngine, prompt_action
+from simplan.inference.planning.config import PromptConfig
 from simplan.inference.planning.planner import Planner, PlannerConfig
 from simplan.models.tiny import _tokenizer
 
@@ -165,7 +166,9 @@ def _run_trap(tmp_path: Path, verdicts: bool):
     engine = ScriptedEngine(oracle.decide, oracle.simulate, oracle.score).trained_with(
         "simulator", tmp_path / "simulator", PromptSettings(format="step", max_history=50, verdicts=verdicts)
     )
-    cfg = PlannerConfig(arm="simplan", k=3, horizon=2, adaptive=False, max_history=50, raise_errors=True)
+    cfg = PlannerConfig(
+        arm="simplan", k=3, horizon=2, adaptive=False, raise_errors=True, prompts=PromptConfig(max_history=50)
+    )
     planner = Planner(engine, TrapToy(), cfg)
     try:
         return planner.run(task).trace

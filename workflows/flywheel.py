@@ -59,17 +59,8 @@ from simplan.data.episode import PromptSettings, read_settings
 from simplan.evaluation.offline import EvalModelConfig
 from simplan.evaluation.paired import mcnemar_exact
 from simplan.workflows.harvest import TracesConfig, trace_file
-from simplan.workflows.pipeline import (
-    Pipeline,
-    PipelineConfig,
-    Stage,
-    StageFailed,
-    changed_fields,
-    check_stage_keys,
-    command_line,
-    flags,
-    run_build,
-)
+from simplan.workflows.pipeline import Pipeline, PipelineConfig, check_stage_keys
+from simplan.workflows.pipeline_stages import Stage, StageFailed, changed_fields, command_line, flags, run_build
 
 FLYWHEEL_STAGES = (
     "model",
@@ -257,7 +248,7 @@ class SimulatorCheck:
         )
 
     def table(self) -> Any:
-        from simplan.evaluation.report import Table, pct
+        from simplan.evaluation.report_tables import Table, pct
 
         f1 = [pct(x) for x in (self.token_f1_before, self.token_f1_after)]
         return Table(

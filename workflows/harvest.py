@@ -209,7 +209,7 @@ def replay(env: Env, trace: EpisodeTrace, sources: list[str], meta: dict[str, An
 
 
 def _run_key(trace: EpisodeTrace) -> str:
-    """The run id (unique per run of an episode); traces older than run ids hash their episode id."""
+    """The run id (unique per run of an episode); a trace without one ("") is keyed by a hash of its episode id."""
     return trace.run_id or hashlib.sha256(trace.episode_id.encode()).hexdigest()[:12]
 
 

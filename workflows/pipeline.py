@@ -7,23 +7,22 @@
     result = pipeline.run()             # PipelineResult: each stage's status and seconds, success by arm
     print(pipeline.summary())
 
-Why here, in inference/: the pipeline is the top of the dependency graph (it calls data/ for collect and
-build, training/ for the model and the adapters, inference/ for eval and report), and inference/ is the
-one package that already depends on the other two (its engines load training's models), so no package
-has to import upward. It ends in the evaluation and its report, which live here too.
+Why in workflows/: the pipeline is the top of the dependency graph (it calls data/ for collect and build,
+training/ for the adapters, evaluation/ for eval and report), and workflows/ is the layer above them all,
+so no package has to import upward (tests/test_layers.py).
 
 Stages, in order; each calls its library function with the command's own config dataclasses, built as
 `simplan <command> --config RECIPE --key value ...` would build them (core/config.py `load_configs`):
 
     collect-train    trajectories of the train fold    out/data/train.jsonl        data.collect.collect(CollectConfig)
     collect-dev      trajectories of the dev fold      out/data/dev.jsonl          data.collect.collect(CollectConfig)
-    model            the base model, converted once    (a local HF folder)         training.models.resolve_model
+    model            the base model, converted once    (a local HF folder)         models.registry.resolve_model
     build-decider    decider dataset                   out/datasets/decider        data.build.build(BuildConfig)
     build-simulator  simulator dataset                 out/datasets/simulator      data.build.build(BuildConfig)
     train-decider    LoRA adapter of the decider       out/train/decider/adapter   training.trainer.train(...)
     train-simulator  LoRA adapter of the simulator     out/train/simulator/adapter training.trainer.train(...)
-    eval             the arms on the eval suite        out/eval/traces.jsonl       inference.evaluate.evaluate
-    report           Markdown + HTML report            out/report/report.html      inference.report.write_report
+    eval             the arms on the eval suite        out/eval/traces.jsonl       evaluation.runner.evaluate
+    report           Markdown + HTML report            out/report/report.html      evaluation.report.write_report
 
 Reuse and resume: a stage that completes writes `out/.stages/STAGE.json` atomically, with a hash of its
 resolved configuration (the fields that differ from their defaults, recipe files' contents included)
@@ -39,16 +38,16 @@ else the pipeline's `estimates` (minutes per stage, from the recipe), else the t
 this run (train-simulator after train-decider, ...). The stages show their own progress bars.
 `Pipeline.summary()` is a table of every stage's status and seconds, the eval's success by arm and
 the path of report.html.
+
+The parts: workflows/pipeline_stages.py (each stage's record and work), workflows/stage_markers.py (the
+markers), workflows/time_left.py (the time left); this module holds the configuration and runs the stages.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
-import shutil
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,9 +57,29 @@ from simplan.core.io import write_json
 from simplan.data.build import BuildConfig
 from simplan.data.collect import CollectConfig
 from simplan.envs.registry import UnknownEnvError
-from simplan.evaluation.runner import EvalConfig, FolderLockedError
-from simplan.inference.engines.config import MODEL_FREE_KINDS, EngineConfig
-from simplan.training.config import DataArguments, LoraArguments, ModelArguments, TrainArguments
+from simplan.evaluation.folder_lock import FolderLockedError
+from simplan.evaluation.runner import EvalConfig
+from simplan.inference.engines.config import EngineConfig
+from simplan.workflows.pipeline_stages import (
+    TRAIN_CONFIGS,
+    ArmSuccess,
+    Stage,
+    StageFailed,
+    arm_success,
+    changed_fields,
+    command_line,
+    eval_stage_config,
+    flags,
+    resolve_base_model,
+    run_build,
+    run_collect,
+    run_eval,
+    run_report,
+    run_train,
+    upgrade_eval_stage_config,
+)
+from simplan.workflows.stage_markers import StageMarkers
+from simplan.workflows.time_left import TimeLeft, duration
 
 STAGES = (
     "collect-train",
@@ -73,8 +92,6 @@ STAGES = (
     "eval",
     "report",
 )
-TINY_PREFIX = "tiny-"  # "tiny-llama" / "tiny-qwen2": a tiny random model made on the fly (tests, quick runs)
-TRAIN_CONFIGS = (ModelArguments, LoraArguments, DataArguments, TrainArguments)  # `simplan train`'s dataclasses
 # Errors a stage raises for a cause the user can fix (a bad value, a missing file, an unknown env, a busy
 # eval folder): reported as one line with the command to rerun. Anything else keeps its traceback.
 USER_ERRORS = (ValueError, FileNotFoundError, ImportError, UnknownEnvError, FolderLockedError)
@@ -113,7 +130,10 @@ class PipelineConfig:
     eval: dict = field(default_factory=dict, metadata=_help("EvalConfig keys (episodes, planner, faults, ...)"))
     engine: dict = field(
         default_factory=lambda: {"engine": "hf"},
-        metadata=_help("EngineConfig keys of the eval engine (engine, dtype, threads, concurrency, ...)"),
+        metadata=_help(
+            "EngineConfig keys of the eval engine (engine, dtype, threads, hf: {batch_size: ...}, ...) and the "
+            "evaluation's concurrency"
+        ),
     )
     title: str = field(default="simplan pipeline report", metadata=_help("report title"))
     stages: list[str] | None = field(default=None, metadata=_help("run only these stages (default: all)"))
@@ -152,24 +172,6 @@ def check_stage_keys(cfg: Any, stages: tuple[str, ...]) -> None:
         )
 
 
-class StageFailed(RuntimeError):
-    pass
-
-
-# ---------------------------------------------------------------------------------------------
-# Stage records: what each stage depends on, and what the summary shows
-# ---------------------------------------------------------------------------------------------
-@dataclass
-class Stage:
-    name: str
-    command: str  # the `simplan ...` command that runs this stage alone (printed, never parsed)
-    config: dict[str, Any]  # what the outputs depend on: hashed, together with the hashes of `depends`
-    outputs: list[Path]  # must exist for the stage to count as complete
-    run: Callable[[], str]  # does the work; returns a short result for the summary
-    depends: list[str] = field(default_factory=list)
-    clear: list[Path] = field(default_factory=list)  # removed when the configuration changed
-
-
 @dataclass
 class StageRecord:
     name: str
@@ -179,217 +181,14 @@ class StageRecord:
 
 
 @dataclass
-class ArmSuccess:
-    arm: str
-    successes: int
-    episodes: int
-    errored: int = 0  # of episodes: crashed, no result (the eval stage fails on them; a re-run retries them)
-
-
-@dataclass
 class PipelineResult:
     report: Path
     stages: list[StageRecord]
     arms: list[ArmSuccess]
 
 
-def changed_fields(config: Any) -> dict[str, Any]:
-    """The fields of a config dataclass that differ from their defaults: what a stage's hash covers.
-
-    Defaults are left out so that a field added to a config class later (whose default keeps the old
-    behaviour) does not make every finished stage look changed and start over."""
-    out: dict[str, Any] = {}
-    for f in dataclasses.fields(config):
-        if f.default is not dataclasses.MISSING:
-            default: Any = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            default = f.default_factory()
-        else:
-            default = dataclasses.MISSING
-        value = getattr(config, f.name)
-        if value != default:
-            out[f.name] = value
-    return out
-
-
-def flags(values: dict[str, Any]) -> list[str]:
-    """Command-line flags for a mapping (for the printed commands): lists comma-joined, mappings as YAML flow.
-
-    {"max_steps": 40, "families": ["a", "b"]} -> ["--max_steps", "40", "--families", "a,b"]
-    """
-    out: list[str] = []
-    for key, value in values.items():
-        if value is None:
-            text = "none"
-        elif isinstance(value, bool):
-            text = "true" if value else "false"
-        elif isinstance(value, list | tuple):
-            text = ",".join(str(v) for v in value)
-        elif isinstance(value, dict):
-            text = json.dumps(value)  # YAML flow syntax: the flag parses it with yaml.safe_load
-        else:
-            text = str(value)
-        out += [f"--{key}", text]
-    return out
-
-
-def command_line(command: str, args: list[str]) -> str:
-    return f"simplan {command} " + " ".join(_quote(a) for a in args)
-
-
-def _quote(arg: str) -> str:
-    return arg if arg and all(c.isalnum() or c in "-_./=,:" for c in arg) else "'" + arg.replace("'", "'\\''") + "'"
-
-
 def _hash(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-# ---------------------------------------------------------------------------------------------
-# The stages' work: one library call each
-# ---------------------------------------------------------------------------------------------
-def run_collect(cfg: CollectConfig) -> str:
-    from simplan.data.collect import collect
-
-    report = collect(cfg)
-    print(report.summary(), flush=True)
-    if report.unfinished:
-        raise StageFailed(f"{report.unfinished} episode(s) could not be written to {cfg.out}")
-    errored = report.statuses["errored"]
-    return f"{report.planned} episodes" + (f", {errored} errored" if errored else "")
-
-
-def run_build(cfg: BuildConfig) -> str:
-    from simplan.data.build import build
-    from simplan.data.build_stats import stats_markdown
-
-    result = build(cfg)
-    stats = result.stats
-    print(stats_markdown(stats), flush=True)
-    if stats["malformed_lines"]:
-        print(f"build: {stats['malformed_lines']} bad input line(s) skipped; see {result.paths['stats']}", flush=True)
-    total = stats["examples"]["total"]
-    if not total:
-        raise StageFailed(f"no example survived in {cfg.out}; see the dropped counts above")
-    return f"{total} examples"
-
-
-def run_train(
-    model_args: ModelArguments, lora_args: LoraArguments, data_args: DataArguments, train_args: TrainArguments
-) -> str:
-    from simplan.training.trainer import train  # torch and transformers only once a stage trains
-
-    metrics = train(model_args, lora_args, data_args, train_args).metrics
-    losses = [f"{k} {metrics[k]:.3f}" for k in ("train_loss", "eval_loss") if isinstance(metrics.get(k), float)]
-    return ", ".join([f"{metrics['global_step']} steps", *losses])
-
-
-def engine_info(cfg: EngineConfig) -> dict[str, str]:
-    """What eval_config.json records of the engine, as `simplan eval` records it, so the printed eval
-    command resumes the pipeline's eval folder."""
-    if cfg.engine in MODEL_FREE_KINDS:  # no model: the model and adapters change nothing
-        return {"engine": cfg.engine, "model": "", "adapters": ""}
-    return {"engine": cfg.engine, "model": cfg.model, "adapters": cfg.adapters}
-
-
-def run_eval(eval_cfg: EvalConfig, engine_cfg: EngineConfig) -> str:
-    from simplan.evaluation.runner import check_unlocked, errored_message, evaluate
-    from simplan.inference.engines import engine_from_config, is_merged
-
-    check_unlocked(Path(eval_cfg.out))  # before minutes of engine loading; evaluate() holds the lock
-    print(f"eval: loading engine {engine_cfg.engine} {engine_cfg.model}", flush=True)
-    engine = engine_from_config(engine_cfg)
-    info = {**engine_info(engine_cfg), "merge_adapters": is_merged(engine)}  # as `simplan eval` records it
-    try:
-        outcome = evaluate(eval_cfg, engine, concurrency=engine_cfg.concurrency, engine_info=info)
-    finally:
-        engine.close()
-    print(
-        f"eval: {outcome.ran} episode(s) run in {outcome.seconds:.1f}s ({outcome.skipped} already done, "
-        f"{outcome.errored} errored) of {outcome.planned}",
-        flush=True,
-    )
-    crashed = errored_message(outcome)
-    if crashed:  # not finished: no marker, so the report never runs on crashes and the next run retries them
-        raise StageFailed(crashed)
-    return f"{outcome.planned} episodes"
-
-
-def run_report(run: Path, out: Path, title: str) -> str:
-    from simplan.evaluation.report import write_report
-
-    return str(write_report([run], out, title=title)["html"])
-
-
-def resolve_base_model(name: str, fetch: bool = True) -> str:
-    """A local folder for `name`; tiny-llama / tiny-qwen2 build a tiny random model (cached)."""
-    if name.startswith(TINY_PREFIX):
-        from simplan.models.tiny import tiny_model
-
-        return str(tiny_model(name[len(TINY_PREFIX) :]))
-    from simplan.models.registry import resolve_model
-
-    return resolve_model(name, fetch=fetch)
-
-
-def arm_success(run: Path) -> list[ArmSuccess]:
-    """Successes per arm of an eval folder, from its traces (as the report counts them); [] before any."""
-    if not (run / "traces.jsonl").exists():
-        return []
-    from simplan.evaluation.report import load_run_data
-
-    return [ArmSuccess(m.arm, m.successes, m.episodes, m.errored) for m in load_run_data(run).arms]
-
-
-# ---------------------------------------------------------------------------------------------
-# Time left
-# ---------------------------------------------------------------------------------------------
-TWINS = {"collect-dev": "collect-train", "build-simulator": "build-decider", "train-simulator": "train-decider"}
-
-
-@dataclass
-class TimeLeft:
-    """Guesses of how long stages take, each with its source (see the module docstring)."""
-
-    earlier: dict[str, float]  # seconds, measured when the stage last ran in this folder
-    recipe: dict[str, float]  # seconds, from PipelineConfig.estimates
-    now: dict[str, float] = field(default_factory=dict)  # seconds, measured in this run
-
-    def guess(self, name: str) -> tuple[float | None, str]:
-        if name in self.earlier:
-            return self.earlier[name], "earlier runs here"
-        if name in self.recipe:
-            return self.recipe[name], "recipe estimates"
-        twin = TWINS.get(name)
-        if twin in self.now:
-            return self.now[twin], f"{twin} this run"
-        return None, ""
-
-    def line(self, stages: list[str]) -> str:
-        """'about 23 min left (earlier runs here: 4 stages, recipe estimates: 2; no estimate for eval)'."""
-        total = 0.0
-        sources: dict[str, int] = {}
-        unknown: list[str] = []
-        for name in stages:
-            seconds, source = self.guess(name)
-            if seconds is None:
-                unknown.append(name)
-                continue
-            total += seconds
-            sources[source] = sources.get(source, 0) + 1
-        if not sources:
-            return f"time left: no estimate yet (set `estimates` in the recipe; unknown: {', '.join(unknown)})"
-        parts = [f"{source}: {n}" for source, n in sources.items()]
-        text = f"time left: about {duration(total)}{' or more' if unknown else ''} (from {', '.join(parts)}"
-        return text + (f"; no estimate for {', '.join(unknown)})" if unknown else ")")
-
-
-def duration(seconds: float) -> str:
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 90 * 60:
-        return f"{seconds / 60:.0f} min"
-    return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60):02d} min"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -401,7 +200,7 @@ class Pipeline:
     def __init__(self, cfg: PipelineConfig) -> None:
         self.cfg = cfg
         self.out = Path(cfg.out)
-        self.markers = self.out / ".stages"
+        self.markers = StageMarkers(self.out / ".stages")
         self.hashes: dict[str, str] = {}
         self.model_path: str | None = None
         self.records: list[StageRecord] = []
@@ -559,11 +358,12 @@ class Pipeline:
         return Stage(
             name,
             command_line("eval", flags(values)),
-            {"eval": changed_fields(eval_cfg), "engine": changed_fields(engine_cfg)},
+            eval_stage_config(eval_cfg, engine_cfg),
             [out / "traces.jsonl"],
             lambda: run_eval(eval_cfg, engine_cfg),
             [*depends, "model"],
             clear=[out],
+            upgrade=upgrade_eval_stage_config,
         )
 
     def _fetch_model(self) -> str:
@@ -572,51 +372,48 @@ class Pipeline:
         return self.model_path
 
     # -- markers -------------------------------------------------------------------------------
-    def _marker(self, name: str) -> Path:
-        return self.markers / f"{name}.json"
-
-    def _read(self, path: Path) -> dict[str, Any] | None:
-        try:
-            return json.loads(path.read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
-            return None
-
     def complete(self, st: Stage, digest: str) -> bool:
-        done = self._read(self._marker(st.name))
+        done = self.markers.read(st.name)
         if not done or not all(p.exists() for p in st.outputs):
             return False
-        return done.get("hash") == digest or self._same_legacy_command(done, st)
+        return done.get("hash") == digest or self._same_legacy_command(done, st) or self._same_after_upgrade(done, st)
 
     def _same_legacy_command(self, done: dict[str, Any], st: Stage) -> bool:
-        """A marker written before the hash covered configurations (it holds `argv`, no `config`) still counts
-        when it ran the same command line, so a finished run is not started over (and cleared) after an
-        upgrade; such a stage is not re-run when only a recipe file's contents changed."""
+        """A marker that holds `argv` and no `config` (its hash covers the command line only) counts when it ran
+        the same command line, so a finished run is not started over (and cleared) after an upgrade of simplan;
+        such a stage is not re-run when only a recipe file's contents changed."""
         return "argv" in done and "config" not in done and done.get("command") == st.command
 
+    def _same_after_upgrade(self, done: dict[str, Any], st: Stage) -> bool:
+        """A marker whose config, read with today's keys (`st.upgrade`), is this stage's, and whose hash is what
+        that config gave with today's inputs (nothing upstream changed since)."""
+        old = done.get("config")
+        if st.upgrade is None or not isinstance(old, dict):
+            return False
+        depends = [self.hashes[d] for d in st.depends]
+        if done.get("hash") != _hash({"stage": st.name, "config": old, "depends": depends}):
+            return False
+        try:
+            return st.upgrade(old) == st.config
+        except (ValueError, TypeError):
+            return False
+
     def _adopt(self, st: Stage, digest: str) -> None:
-        """Rewrite a legacy marker of a complete stage with this version's hash (its time kept)."""
-        done = self._read(self._marker(st.name)) or {}
+        """Rewrite the marker of a complete stage whose hash is not today's (an argv marker, a config in other
+        keys) with today's hash (its time kept)."""
+        done = self.markers.read(st.name) or {}
         if done.get("hash") == digest:
             return
-        self._write_marker(st, digest, done.get("seconds"), done.get("model_path"))
-        (self.markers / f"{st.name}.started").write_text(digest + "\n")
+        self.markers.write(st, digest, done.get("seconds"), done.get("model_path"))
+        self.markers.mark_started(st.name, digest)
 
     def _digest(self, st: Stage) -> str:
         return _hash({"stage": st.name, "config": st.config, "depends": [self.hashes[d] for d in st.depends]})
 
-    def _measured(self) -> dict[str, float]:
-        """Seconds each stage took when it last completed in this folder (before this run changes any marker)."""
-        out: dict[str, float] = {}
-        for name in self.stage_names:
-            seconds = (self._read(self._marker(name)) or {}).get("seconds")
-            if isinstance(seconds, int | float):
-                out[name] = float(seconds)
-        return out
-
     def _expected(self, plan: list[str], chosen: list[str]) -> list[str]:
         """The stages this run will run, after building every stage's configuration: a bad key fails here,
         before the first stage runs. The model folder is the one the model stage's marker recorded, if any."""
-        saved = self._read(self._marker("model")) or {}
+        saved = self.markers.read("model") or {}
         self.model_path = saved.get("model_path")
         runs = []
         for name in plan:
@@ -635,7 +432,8 @@ class Pipeline:
         cfg = self.cfg
         chosen = cfg.stages or list(self.stage_names)
         plan = list(self.stage_names[: max(self.stage_names.index(s) for s in chosen) + 1])
-        clock = TimeLeft(self._measured(), {k: 60.0 * float(v) for k, v in cfg.estimates.items()})
+        estimates = {k: 60.0 * float(v) for k, v in cfg.estimates.items()}
+        clock = TimeLeft(self.markers.measured(self.stage_names), estimates)
         ahead = self._expected(plan, chosen)
         self.records = []
         t_start = time.perf_counter()
@@ -663,7 +461,7 @@ class Pipeline:
             if done:
                 self._adopt(st, digest)
             if done and name not in cfg.force:
-                print(f"{banner}: complete, reusing ({self._marker(name)})", flush=True)
+                print(f"{banner}: complete, reusing ({self.markers.path(name)})", flush=True)
                 self.records.append(StageRecord(name, "reused", clock.earlier.get(name)))
                 if name in ahead:
                     ahead.remove(name)
@@ -680,7 +478,7 @@ class Pipeline:
 
     def _run_stage(self, st: Stage, digest: str, banner: str, fresh: bool = False) -> tuple[float, str]:
         """Run one stage and write its marker; a failure is recorded for the summary and raised."""
-        self._start(st, digest, fresh)
+        self.markers.start(st, digest, fresh)
         t0 = time.perf_counter()
         again = (
             "fix the cause and re-run the same pipeline command (finished stages are reused), or run the stage "
@@ -700,39 +498,8 @@ class Pipeline:
             self.records.append(StageRecord(st.name, "failed", time.perf_counter() - t0, "outputs missing"))
             raise StageFailed(f"{banner}: finished but its outputs are missing: {', '.join(missing)}")
         seconds = time.perf_counter() - t0
-        self._write_marker(st, digest, round(seconds, 1), self.model_path if st.name == "model" else None)
+        self.markers.write(st, digest, round(seconds, 1), self.model_path if st.name == "model" else None)
         return seconds, result
-
-    def _write_marker(self, st: Stage, digest: str, seconds: float | None, model_path: str | None) -> None:
-        record = {
-            "stage": st.name,
-            "hash": digest,
-            "config": st.config,
-            "command": st.command,
-            "outputs": [str(p) for p in st.outputs],
-            "model_path": model_path,
-            "seconds": seconds,
-            "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        }
-        write_json(self._marker(st.name), record)
-
-    def _start(self, st: Stage, digest: str, fresh: bool = False) -> None:
-        """Record that the stage started; a configuration change since the last start, or `fresh` (--force), clears
-        its outputs, so a forced eval runs its episodes again instead of resuming the finished ones."""
-        started = self.markers / f"{st.name}.started"
-        previous = started.read_text().strip() if started.exists() else None
-        changed = previous is not None and previous != digest
-        if changed or fresh:
-            for p in st.clear:
-                if p.is_dir():
-                    shutil.rmtree(p)
-                elif p.exists():
-                    p.unlink()
-            why = "forced (--force)" if fresh else "configuration changed since it last ran"
-            print(f"pipeline: {st.name}: {why}; starting it over", flush=True)
-        self._marker(st.name).unlink(missing_ok=True)
-        started.parent.mkdir(parents=True, exist_ok=True)
-        started.write_text(digest + "\n")
 
     # -- summary -------------------------------------------------------------------------------
     def summary(self) -> str:

@@ -14,30 +14,20 @@ on the CPU; on a GPU vLLM is much faster. Choose per platform.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 from simplan.inference.engines.base import Engine
-from simplan.inference.engines.config import KINDS, MODEL_FREE_KINDS, EngineConfig, parse_adapters, resolve_merge
-
-# Options each backend accepts (make_engine rejects others by name instead of ignoring them).
-OPTIONS: dict[str, tuple[str, ...]] = {
-    "vllm": (
-        "dtype",
-        "threads",
-        "reserved_cpus",
-        "kv_cache_gib",
-        "max_model_len",
-        "max_num_seqs",
-        "enforce_eager",
-        "seed",
-        "merge_adapters",
-    ),
-    "openai": ("base_url", "api_key", "concurrency", "tokenizer", "timeout", "sequential_scoring"),
-    "hf": ("dtype", "threads", "batch_size", "device", "merge_adapters", "prefix_cache_sessions"),
-    "expert": (),  # model-free (inference/engines/model_free.py): no model, no options
-    "random": ("seed",),
-}
+from simplan.inference.engines.config import (
+    BACKEND_OPTIONS,
+    KINDS,
+    LOCAL_OPTIONS,
+    MODEL_FREE_KINDS,
+    EngineConfig,
+    parse_adapters,
+    resolve_merge,
+)
 
 
 def make_engine(
@@ -52,9 +42,12 @@ def make_engine(
     """
     if kind not in KINDS:
         raise ValueError(f"engine kind {kind!r} is not one of {', '.join(KINDS)}")
-    unknown = sorted(set(opts) - set(OPTIONS[kind]))
+    valid = accepted_options(kind)
+    unknown = sorted(set(opts) - set(valid))
     if unknown:
-        raise TypeError(f"engine {kind!r}: unknown option(s) {', '.join(unknown)}; valid: {', '.join(OPTIONS[kind])}")
+        raise TypeError(
+            f"engine {kind!r}: unknown option(s) {', '.join(unknown)}; valid: {', '.join(valid) or 'none'}"
+        )
     if kind in MODEL_FREE_KINDS:  # the model and adapters are not used: the env decides
         from simplan.inference.engines.model_free import ModelFreeEngine
 
@@ -85,9 +78,17 @@ def make_engine(
     return engine
 
 
+def accepted_options(kind: str) -> tuple[str, ...]:
+    """The keyword options make_engine takes for `kind`: its section's fields (inference/engines/config.py
+    BACKEND_OPTIONS), plus dtype, threads and merge_adapters where the model runs in this process."""
+    section = BACKEND_OPTIONS[kind]
+    own = tuple(f.name for f in dataclasses.fields(section)) if section is not None else ()
+    return (*LOCAL_OPTIONS, *own) if kind in ("hf", "vllm") else own
+
+
 def engine_from_config(cfg: EngineConfig) -> Engine:
     """make_engine from an EngineConfig (the flags/YAML keys of `simplan run` and `simplan eval`)."""
-    values = {k: getattr(cfg, k) for k in OPTIONS[cfg.engine] if hasattr(cfg, k)}
+    values = cfg.options()
     if "merge_adapters" in values:  # hf, vllm: `auto` is decided here, where the platform is known
         choice = resolve_merge(cfg)
         if cfg.adapters:
@@ -106,7 +107,7 @@ def is_merged(engine: Engine) -> bool:
 __all__ = [
     "EngineConfig",
     "KINDS",
-    "OPTIONS",
+    "accepted_options",
     "engine_from_config",
     "is_merged",
     "make_engine",

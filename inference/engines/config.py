@@ -10,10 +10,12 @@ reads some at import) and before `LLM()` / the server process starts.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, ClassVar
 
 KINDS = ("vllm", "openai", "hf", "expert", "random")
 # Kinds without a model (inference/engines/model_free.py): the env's expert plan replayed, or random valid actions.
@@ -24,75 +26,142 @@ MERGE_AUTO = "auto"
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
+def _help(text: str) -> dict[str, str]:
+    return {"help": text}
+
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass
+class HFOptions:
+    """transformers + peft (inference/engines/hf_peft.py): the `hf` section of EngineConfig."""
+
+    batch_size: int = field(default=16, metadata=_help("rows per forward/generate call"))
+    device: str = field(default="auto", metadata=_help("torch device: auto (the GPU if any), cpu, cuda:N"))
+    prefix_cache_sessions: int = field(
+        default=16,
+        metadata=_help("episodes whose prompt KV cache is kept for reuse (least recently used evicted; 0: off)"),
+    )
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError(f"hf.batch_size: must be >= 1, got {self.batch_size}")
+        if self.prefix_cache_sessions < 0:
+            raise ValueError(
+                f"hf.prefix_cache_sessions: must be >= 0 (0 turns the hf prefix cache off), "
+                f"got {self.prefix_cache_sessions}"
+            )
+
+
+@dataclass
+class VLLMOptions:
+    """vLLM in the process (inference/engines/vllm_local.py) and `simplan serve`: the `vllm` section."""
+
+    reserved_cpus: int = field(
+        default=0, metadata=_help("vLLM CPU: cores left for the scheduler/env (0 uses all cores, ~1.6x faster)")
+    )
+    kv_cache_gib: int = field(default=2, metadata=_help("vLLM CPU: KV-cache size in GiB (else vLLM takes most RAM)"))
+    max_model_len: int = field(default=4096, metadata=_help("longest prompt + completion in tokens"))
+    max_num_seqs: int = field(default=64, metadata=_help("most sequences in one scheduler step"))
+    enforce_eager: bool = field(
+        default=False, metadata=_help("skip torch.compile (faster start, slower steps; tests use it)")
+    )
+    seed: int = field(default=0, metadata=_help("vLLM's sampling seed"))
+
+    def __post_init__(self) -> None:
+        if self.kv_cache_gib < 1:
+            raise ValueError(f"vllm.kv_cache_gib: must be >= 1, got {self.kv_cache_gib}")
+
+
+@dataclass
+class OpenAIOptions:
+    """A client of a running OpenAI-compatible server (inference/engines/openai_client.py): the `openai` section."""
+
+    base_url: str = field(default="http://127.0.0.1:8000/v1", metadata=_help("server URL ending in /v1"))
+    api_key: str | None = field(default=None, metadata=_help("API key (or $SIMPLAN_API_KEY)"))
+    max_in_flight: int = field(default=16, metadata=_help("requests in flight at once"))
+    tokenizer: str | None = field(
+        default=None, metadata=_help("local tokenizer (folder/registry name); default: the model")
+    )
+    timeout: float = field(default=600.0, metadata=_help("seconds one request may take"))
+    sequential_scoring: bool = field(
+        default=True,
+        metadata=_help("score one row per call (a vLLM 0.32 CPU server crashes otherwise; False on GPU)"),
+    )
+
+    def __post_init__(self) -> None:
+        if self.max_in_flight < 1:
+            raise ValueError(f"openai.max_in_flight: must be >= 1, got {self.max_in_flight}")
+
+
+@dataclass
+class RandomOptions:
+    """The model-free random engine (inference/engines/model_free.py): the `random` section."""
+
+    seed: int = field(default=0, metadata=_help("seed of the random valid actions"))
+
+
+# Each backend's own options, declared once: make_engine accepts exactly these (plus LOCAL_OPTIONS for the
+# backends that load the model here), `simplan run/eval --help` lists them, their __post_init__ checks them.
+BACKEND_OPTIONS: dict[str, type | None] = {
+    "hf": HFOptions,
+    "vllm": VLLMOptions,
+    "openai": OpenAIOptions,
+    "expert": None,
+    "random": RandomOptions,
+}
+LOCAL_OPTIONS = ("dtype", "threads", "merge_adapters")  # hf and vllm: the model runs in this process
+
+
 @dataclass
 class EngineConfig:
+    """Which backend serves the model and its adapters, and each backend's options in its own section."""
+
     engine: str = field(
         default="hf",
-        metadata={"help": "backend: vllm (in-process), openai (a running server), hf; model-free: expert, random"},
+        metadata=_help("backend: vllm (in-process), openai (a running server), hf; model-free: expert, random"),
     )
     model: str = field(
         default="smollm2-135m-instruct",
-        metadata={"help": "base model: registry name, local HF folder or hub id (openai: the served model name)"},
+        metadata=_help("base model: registry name, local HF folder or hub id (openai: the served model name)"),
     )
     adapters: str = field(
-        default="", metadata={"help": "LoRA adapters as name=DIR,name=DIR (openai: name=anything, served names)"}
+        default="", metadata=_help("LoRA adapters as name=DIR,name=DIR (openai: name=anything, served names)")
     )
-    dtype: str = field(default="auto", metadata={"help": "weights dtype: auto, float32, bfloat16, float16"})
+    dtype: str = field(default="auto", metadata=_help(f"hf/vllm: weights dtype: {', '.join(DTYPES)}"))
     threads: int | None = field(
-        default=None, metadata={"help": "CPU threads for the model (None: all cores minus reserved_cpus)"}
-    )
-    reserved_cpus: int = field(
-        default=0, metadata={"help": "vLLM CPU: cores left for the scheduler/env (0 uses all cores, ~1.6x faster)"}
-    )
-    kv_cache_gib: int = field(
-        default=2, metadata={"help": "vLLM CPU: KV-cache size in GiB (else vLLM takes most of the RAM)"}
-    )
-    max_model_len: int = field(default=4096, metadata={"help": "longest prompt + completion in tokens"})
-    max_num_seqs: int = field(default=64, metadata={"help": "vLLM: most sequences in one scheduler step"})
-    enforce_eager: bool = field(
-        default=False, metadata={"help": "vLLM: skip torch.compile (faster start, slower steps; tests use it)"}
+        default=None, metadata=_help("hf/vllm: CPU threads for the model (None: all cores minus vllm.reserved_cpus)")
     )
     merge_adapters: bool | str = field(
         default=MERGE_AUTO,
-        metadata={
-            "help": "hf/vllm: serve each adapter from its own merged copy of the base (merged once, cached) "
+        metadata=_help(
+            "hf/vllm: serve each adapter from its own merged copy of the base (merged once, cached) "
             "instead of through LoRA: auto (merge on the CPU when the base model and the adapters are local "
             "folders; multi-LoRA on a GPU), true or false"
+        ),
+    )
+    hf: HFOptions = field(default_factory=HFOptions)
+    vllm: VLLMOptions = field(default_factory=VLLMOptions)
+    openai: OpenAIOptions = field(default_factory=OpenAIOptions)
+    random: RandomOptions = field(default_factory=RandomOptions)
+
+    # Flat keys of configs written before each backend had its section.
+    LEGACY_KEYS: ClassVar[dict[str, str]] = {
+        **{k: f"hf.{k}" for k in ("batch_size", "device", "prefix_cache_sessions")},
+        **{
+            k: f"vllm.{k}" for k in ("reserved_cpus", "kv_cache_gib", "max_model_len", "max_num_seqs", "enforce_eager")
         },
-    )
-    batch_size: int = field(default=16, metadata={"help": "hf: rows per forward/generate call"})
-    device: str = field(default="auto", metadata={"help": "hf: torch device: auto (the GPU if any), cpu, cuda:N"})
-    prefix_cache_sessions: int = field(
-        default=16,
-        metadata={
-            "help": "hf: episodes whose prompt KV cache is kept for reuse (least recently used evicted; 0: off)"
-        },
-    )
-    base_url: str = field(default="http://127.0.0.1:8000/v1", metadata={"help": "openai: server URL ending in /v1"})
-    api_key: str | None = field(default=None, metadata={"help": "openai: API key (or $SIMPLAN_API_KEY)"})
-    concurrency: int = field(default=16, metadata={"help": "openai: requests in flight at once"})
-    sequential_scoring: bool = field(
-        default=True,
-        metadata={"help": "openai: score one row per call (a vLLM 0.32 CPU server crashes otherwise; False on GPU)"},
-    )
-    tokenizer: str | None = field(
-        default=None, metadata={"help": "openai: local tokenizer (folder/registry name); default: the model"}
-    )
+        **{k: f"openai.{k}" for k in ("base_url", "api_key", "tokenizer", "sequential_scoring")},
+    }
 
     def __post_init__(self) -> None:
         if self.engine not in KINDS:
             raise ValueError(f"engine: {self.engine!r} is not one of {', '.join(KINDS)}")
-        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
-            raise ValueError(f"dtype: {self.dtype!r} is not one of auto, float32, bfloat16, float16")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype: {self.dtype!r} is not one of {', '.join(DTYPES)}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads: must be >= 1, got {self.threads}")
-        if self.kv_cache_gib < 1:
-            raise ValueError(f"kv_cache_gib: must be >= 1, got {self.kv_cache_gib}")
-        if self.prefix_cache_sessions < 0:
-            raise ValueError(
-                f"prefix_cache_sessions: must be >= 0 (0 turns the hf prefix cache off), "
-                f"got {self.prefix_cache_sessions}"
-            )
         parse_adapters(self.adapters)
         self.merge_adapters = parse_merge(self.merge_adapters)
         if self.merge_adapters is True and self.engine == "openai":
@@ -100,6 +169,14 @@ class EngineConfig:
                 "merge_adapters: the openai engine cannot merge (the server holds the weights); serve each merged "
                 "model with its own `simplan serve` (inference/engines/merged.py), or use engine hf or vllm"
             )
+
+    def options(self) -> dict[str, Any]:
+        """The keyword options of this config's backend, as make_engine takes them."""
+        section = BACKEND_OPTIONS[self.engine]
+        out = dataclasses.asdict(getattr(self, self.engine)) if section is not None else {}
+        if self.engine in ("hf", "vllm"):
+            out.update(dtype=self.dtype, threads=self.threads, merge_adapters=self.merge_adapters)
+        return out
 
 
 def parse_merge(value: bool | str) -> bool | str:
@@ -153,7 +230,7 @@ def resolve_merge(cfg: EngineConfig) -> MergeChoice:
     if not all((Path(p) / "adapter_config.json").is_file() for p in adapters.values()):
         return MergeChoice(False, "auto: not every adapter is a local peft folder")
     if not runs_on_cpu(cfg):
-        where = f"device {cfg.device}" if cfg.engine == "hf" else "vLLM's GPU build"
+        where = f"device {cfg.hf.device}" if cfg.engine == "hf" else "vLLM's GPU build"
         return MergeChoice(False, f"auto: {where}, where LoRA costs little")
     from simplan.models.registry import resolve_model
 
@@ -166,11 +243,11 @@ def runs_on_cpu(cfg: EngineConfig) -> bool:
     """Whether `cfg`'s hf or vllm engine will run its model on the CPU."""
     if cfg.engine == "vllm":
         return vllm_on_cpu()
-    if cfg.device == "auto":  # as models/registry.py pick_device resolves it
+    if cfg.hf.device == "auto":  # as models/registry.py pick_device resolves it
         import torch
 
         return not torch.cuda.is_available()
-    return cfg.device.split(":")[0] == "cpu"
+    return cfg.hf.device.split(":")[0] == "cpu"
 
 
 def vllm_on_cpu() -> bool:

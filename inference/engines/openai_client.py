@@ -50,7 +50,7 @@ class OpenAIEngine:
         adapters: dict[str, str] | list[str] | None = None,
         base_url: str = "http://127.0.0.1:8000/v1",
         api_key: str | None = None,
-        concurrency: int = 16,
+        max_in_flight: int = 16,
         tokenizer: str | None = None,
         timeout: float = 600.0,
         sequential_scoring: bool = True,
@@ -76,7 +76,7 @@ class OpenAIEngine:
             ) from None
         key = api_key or os.environ.get("SIMPLAN_API_KEY") or "EMPTY"  # vLLM without --api-key accepts any key
         self.client = openai.OpenAI(base_url=base_url, api_key=key, timeout=timeout, max_retries=0)
-        self.pool = ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="simplan-openai")
+        self.pool = ThreadPoolExecutor(max_workers=max(1, max_in_flight), thread_name_prefix="simplan-openai")
 
     def _model_name(self, adapter: str | None) -> str:
         check_adapter(adapter, self.adapters, BACKEND)

@@ -10,7 +10,7 @@
     simplan-oracle  simplan whose simulator is the real env replayed (`simulator: env`, inference/planning/oracle.py):
               how much a perfect simulator would buy; not among `simplan eval`'s default arms.
     simplan-always  simplan that simulates every decision (no adaptive skip): the baseline of the router.
-    simplan-router  simplan with the selective router (`router: selective`): simulate where the simulator's
+    simplan-router  simplan with the selective router (`router.mode: selective`): simulate where the simulator's
               measured accuracy on the verb or an unsure decider says it can pay, act reactively elsewhere;
               needs the simulator's simulator_accuracy.json (inference/planning/sim_accuracy.py).
 
@@ -30,7 +30,7 @@ ARM_PRESETS: dict[str, dict[str, Any]] = {
     "simplan-oracle": {"k": 3, "horizon": 3, "pivots": True, "adaptive": True, "simulator": "env"},
     # The router's comparison (issue: trust the simulator where it is right): always simulate vs selective.
     "simplan-always": {"k": 3, "horizon": 3, "pivots": True, "adaptive": False},
-    "simplan-router": {"k": 3, "horizon": 3, "pivots": True, "adaptive": False, "router": "selective"},
+    "simplan-router": {"k": 3, "horizon": 3, "pivots": True, "adaptive": False, "router.mode": "selective"},
 }
 ARMS: tuple[str, ...] = tuple(ARM_PRESETS)
 

@@ -54,19 +54,53 @@ from simplan.envs.base import StepResult
 from simplan.envs.failures import DEFAULT_PROGRESS_PATTERNS, FailureRules, compile_patterns, mentions_progress
 
 
+def _help(text: str) -> dict[str, str]:
+    return {"help": text}
+
+
 @dataclass
 class JudgeWeights:
-    error: float = -2.0
-    progress: float = 1.0
-    repeat: float = -0.5
-    failed: float = -1.0
-    length: float = -0.05
-    likelihood: float = 0.5
-    premature: float = -2.0
-    lost: float = -10.0  # a step the env says ends the episode unwon: outweighs any progress and likelihood
-    won: float = 10.0  # a step the env says wins the episode
-    discount: float = 0.9  # later imagined steps count less (their predictions are less reliable)
-    confidence: float = 0.0  # 0..1: how far an unsure prediction's outcome parts shrink toward 0 (module docstring)
+    """The judge's weights and threshold: PlannerConfig's `judge` section (`--planner.judge.error -3`)."""
+
+    error: float = field(default=-2.0, metadata=_help("weight of a predicted error/invalid outcome of the 1st action"))
+    progress: float = field(default=1.0, metadata=_help("weight of predicted progress/reward, discounted by depth"))
+    repeat: float = field(default=-0.5, metadata=_help("weight of repeats of seen (action, observation) pairs"))
+    failed: float = field(default=-1.0, metadata=_help("weight of actions in the failure memory"))
+    length: float = field(default=-0.05, metadata=_help("weight per imagined step"))
+    likelihood: float = field(default=0.5, metadata=_help("weight of the decider's probability of the 1st action"))
+    premature: float = field(
+        default=-2.0, metadata=_help("weight of a finish whose imagined outcome is 'goal not met'")
+    )
+    lost: float = field(
+        default=-10.0,
+        metadata=_help(
+            "weight (<= 0) of a predicted step the env says ends the episode unwon (env oracle or verdicts); "
+            "large, so it outweighs progress and likelihood"
+        ),
+    )
+    won: float = field(default=10.0, metadata=_help("weight (>= 0) of a predicted step the env says wins"))
+    discount: float = field(default=0.9, metadata=_help("imagined step i counts discount**i"))
+    confidence: float = field(
+        default=0.0,
+        metadata=_help(
+            "0..1: how far a predicted outcome's parts shrink toward 0 as the simulator's confidence in it "
+            "(geometric mean token probability) falls; 0 = predictions count whatever their confidence"
+        ),
+    )
+    threshold: float = field(
+        default=-1.0, metadata=_help("below this total only the plan's first action is committed")
+    )
+
+    def __post_init__(self) -> None:
+        checks = [
+            ("discount", 0.0 < self.discount <= 1.0, "in (0, 1]"),
+            ("confidence", 0.0 <= self.confidence <= 1.0, "in [0, 1]"),
+            ("lost", self.lost <= 0.0, "<= 0 (a penalty)"),
+            ("won", self.won >= 0.0, ">= 0 (a bonus)"),
+        ]
+        for name, ok, expected in checks:
+            if not ok:
+                raise ValueError(f"judge.{name}: must be {expected}, got {getattr(self, name)!r}")
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ from typing import Protocol, runtime_checkable
 
 from simplan.core.text import SIMILARITIES, normalize, similarity
 from simplan.envs.failures import FailureRules, looks_like_error
-from simplan.inference.planning.trace import SEVERITIES, PivotEvent
+from simplan.inference.planning.trace_events import SEVERITIES, PivotEvent
 
 
 @dataclass
@@ -359,21 +359,58 @@ class PivotMonitor:
         return events
 
 
+def _help(text: str) -> dict[str, str]:
+    return {"help": text}
+
+
+@dataclass
+class PivotConfig:
+    """The pivot rules' settings: PlannerConfig's `pivot_rules` section (`--planner.pivot_rules.repeat_limit 4`)."""
+
+    mismatch_threshold: float = field(
+        default=0.75, metadata=_help("expectation_mismatch fires below this similarity (0..1)")
+    )
+    similarity: str = field(default="token_f1", metadata=_help(f"observation similarity: {', '.join(SIMILARITIES)}"))
+    repeat_limit: int = field(default=3, metadata=_help("repeated_action: same action / same pair this many times"))
+    no_progress_steps: int = field(default=8, metadata=_help("no_progress: steps without a score increase"))
+    min_score_drop: float = field(default=0.0, metadata=_help("score_drop: fires when the score falls more"))
+    budget_fraction: float = field(default=0.9, metadata=_help("budget_nearly_exhausted: fraction of a budget"))
+    warning_threshold: int = field(default=2, metadata=_help("warnings that together fire a pivot"))
+    max_transient_retries: int = field(
+        default=2,
+        metadata=_help(
+            "transient_error: retries of a call that failed transiently (the env's transient_patterns), "
+            "without a model call; past them the failure is permanent"
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        checks = [
+            ("mismatch_threshold", 0.0 <= self.mismatch_threshold <= 1.0, "in [0, 1]"),
+            ("repeat_limit", self.repeat_limit >= 2, ">= 2"),
+            ("no_progress_steps", self.no_progress_steps >= 1, ">= 1"),
+            ("min_score_drop", self.min_score_drop >= 0.0, ">= 0"),
+            ("budget_fraction", 0.0 < self.budget_fraction <= 1.0, "in (0, 1]"),
+            ("warning_threshold", self.warning_threshold >= 1, ">= 1"),
+            ("max_transient_retries", self.max_transient_retries >= 0, ">= 0"),
+        ]
+        for name, ok, expected in checks:
+            if not ok:
+                raise ValueError(f"pivot_rules.{name}: must be {expected}, got {getattr(self, name)!r}")
+        if self.similarity not in SIMILARITIES:
+            raise ValueError(f"pivot_rules.similarity: {self.similarity!r} is not one of {', '.join(SIMILARITIES)}")
+
+
 def default_rules(
-    mismatch_threshold: float = 0.75,
-    similarity_method: str = "token_f1",
-    repeat_limit: int = 3,
-    no_progress_steps: int = 8,
-    min_score_drop: float = 0.0,
-    budget_fraction: float = 0.9,
-    error_patterns: Sequence[re.Pattern[str]] | None = None,
+    config: PivotConfig | None = None, error_patterns: Sequence[re.Pattern[str]] | None = None
 ) -> list[PivotRule]:
-    """The six monitor rules (docs/architecture.md) with their default severities."""
+    """The six monitor rules (docs/architecture.md) with their default severities, set from `config`."""
+    c = config if config is not None else PivotConfig()
     return [
         ErrorObservation(patterns=error_patterns),
-        ExpectationMismatch(threshold=mismatch_threshold, method=similarity_method),
-        RepeatedAction(limit=repeat_limit),
-        NoProgress(steps=no_progress_steps),
-        ScoreDrop(min_drop=min_score_drop),
-        BudgetNearlyExhausted(fraction=budget_fraction),
+        ExpectationMismatch(threshold=c.mismatch_threshold, method=c.similarity),
+        RepeatedAction(limit=c.repeat_limit),
+        NoProgress(steps=c.no_progress_steps),
+        ScoreDrop(min_drop=c.min_score_drop),
+        BudgetNearlyExhausted(fraction=c.budget_fraction),
     ]

@@ -89,7 +89,7 @@ from simplan.inference.engines.base import (
     ScoreRequest,
 )
 from simplan.inference.engines.model_free import ModelFreeEngine
-from simplan.inference.planning.config import Budgets, PlannerConfig, Router, load_simulator_accuracy
+from simplan.inference.planning.config import PlannerConfig
 from simplan.inference.planning.judge import Judge, JudgeMemory, Outcome, is_finish
 from simplan.inference.planning.oracle import EnvOracle, OracleError, executed_actions, same_env_factory
 from simplan.inference.planning.pivots import (
@@ -102,6 +102,7 @@ from simplan.inference.planning.pivots import (
 )
 from simplan.inference.planning.prompt_fit import PromptFitter, approx_token_counter, locked
 from simplan.inference.planning.prompts import PlannerPrompts
+from simplan.inference.planning.router import Budgets, Router, load_simulator_accuracy
 from simplan.inference.planning.sim_accuracy import action_verb
 from simplan.inference.planning.trace import (
     ActEvent,
@@ -245,7 +246,7 @@ class Planner:
         self.simulator = (config.simulator_adapter or None) if config.simulator == "model" else None
         known = list(getattr(engine, "adapters", []) or [])
         # An arm that never simulates (reactive: horizon 0 everywhere) needs no simulator adapter.
-        simulates = config.horizon > 0 or any(int(b.get("horizon", 0)) > 0 for b in config.family_budgets.values())
+        simulates = config.simulates()
         for role, name in (("decider", self.decider), ("simulator", self.simulator if simulates else None)):
             if name is not None and name not in known:
                 raise ValueError(
@@ -263,21 +264,13 @@ class Planner:
         self.count_tokens = count_tokens
         self.prompts = PlannerPrompts.for_engine(engine, config, tokenizer)
         self.fitter = PromptFitter(count_tokens, self.prompts.decider_settings.budget, tokenizer)
-        failures = FailureRules.for_env(env, config.error_patterns, config.transient_patterns, config.replan_patterns)
-        progress_patterns = env_patterns(env, "progress_patterns", DEFAULT_PROGRESS_PATTERNS, config.progress_patterns)
-        self.judge = Judge(config.weights(), failures, progress_patterns, env_patterns(env, "accept_patterns", ()))
+        failures = FailureRules.for_env(env, config.patterns.error, config.patterns.transient, config.patterns.replan)
+        progress_patterns = env_patterns(env, "progress_patterns", DEFAULT_PROGRESS_PATTERNS, config.patterns.progress)
+        self.judge = Judge(config.judge, failures, progress_patterns, env_patterns(env, "accept_patterns", ()))
         # Checked before the monitor's rules: a transient failure is retried, not a pivot (pivots.py).
-        self.transient = TransientError(failures, config.max_transient_retries)
+        self.transient = TransientError(failures, config.pivot_rules.max_transient_retries)
         if rules is None:
-            rules = default_rules(
-                mismatch_threshold=config.mismatch_threshold,
-                similarity_method=config.similarity,
-                repeat_limit=config.repeat_limit,
-                no_progress_steps=config.no_progress_steps,
-                min_score_drop=config.min_score_drop,
-                budget_fraction=config.budget_fraction,
-                error_patterns=failures.error,
-            )
+            rules = default_rules(config.pivot_rules, error_patterns=failures.error)
         self.rules = rules
         # router selective reads the simulator's per-verb accuracy (its adapter's simulator_accuracy.json).
         adapter_dirs = dict(getattr(engine, "adapter_dirs", None) or {})  # set by make_engine (engines/__init__.py)
@@ -368,7 +361,8 @@ class Planner:
     def _loop(self, ep: _Episode) -> tuple[str, bool]:
         """Run until the env ends the episode or a budget does; returns (status, won)."""
         b = ep.budgets
-        monitor = PivotMonitor(list(self.rules), self.config.warning_threshold) if self.config.pivots else None
+        rules = self.config.pivot_rules
+        monitor = PivotMonitor(list(self.rules), rules.warning_threshold) if self.config.pivots else None
         queue: deque[Queued] = deque()
         while True:
             if ep.steps >= b.max_steps:
@@ -457,7 +451,7 @@ class Planner:
         monitor.reset()
         ep.since_replan = 0
         if ep.replans >= b.max_replans:
-            if self.config.on_replan_budget == "stop":
+            if self.config.budgets.on_replan_budget == "stop":
                 return "budget_replans"
             ep.degraded = "replan budget spent"  # from now on one action per decision: nothing to replan
             return None
@@ -501,7 +495,7 @@ class Planner:
         obs = result.observation
         match = None
         if item.expectation is not None:
-            match = round(similarity(item.expectation, obs.text, self.config.similarity), 4)
+            match = round(similarity(item.expectation, obs.text, self.config.pivot_rules.similarity), 4)
         error = bool(obs.error)
         ep.past.append((item.action, obs.text, error))
         ep.records.append(StepRecord(item.action.key(), obs.text, float(result.score), error))
@@ -631,7 +625,7 @@ class Planner:
 
     def _cache_key(self, state: PromptState | EpisodeState, action: Action) -> tuple[str, str]:
         if isinstance(state, EpisodeState):
-            now, n = state.current, self.config.cache_history
+            now, n = state.current, self.config.imagination.cache_history
             hist = state.turns[-1 - n : -1] if n else []
             return _key(
                 now.goal,
@@ -639,7 +633,8 @@ class Planner:
                 [(t.action, normalize(t.next_observation or ""), t.error) for t in hist],
                 now.valid_actions,
             ), action.key()
-        hist = state.history[-self.config.cache_history :] if self.config.cache_history else []
+        n = self.config.imagination.cache_history
+        hist = state.history[-n:] if n else []
         skey = _key(
             state.goal,
             normalize(state.observation),
@@ -712,7 +707,7 @@ class Planner:
             horizon, reason = 0, "fallback: the decider gave no usable action"
         rollouts = [Rollout([p.action], [], p.probability, p.logprob) for p in proposals]
         hits = self._rollout(ep, rollouts, horizon, allowed)
-        for _ in range(self.config.widen_lost if horizon > 0 else 0):
+        for _ in range(self.config.imagination.widen_lost if horizon > 0 else 0):
             if not spare or not all(_first_lost(r) for r in rollouts):
                 break
             # Every candidate loses: the decider's next-best valid actions may not (a perfect simulator lost
@@ -799,7 +794,7 @@ class Planner:
             if i > 0 and (expectation is None or self.judge.is_error(expectation) or (outcome and outcome.lost)):
                 break  # never queue an action expected to fail or lose, nor one whose outcome was not imagined
             queue.append(Queued(action, expectation, source, None if outcome is None else outcome.verdict))
-            if self.judge.is_error(expectation or "") or total < self.config.judge_threshold:
+            if self.judge.is_error(expectation or "") or total < self.config.judge.threshold:
                 break  # a failing or low-scored plan: take one step and look again
         return queue
 
@@ -809,7 +804,7 @@ class Planner:
         """First actions from the real state, best first: (proposals, confidence margin, how, is_fallback).
         Scored valid actions are all returned (the caller imagines the first K, and the next ones when all of
         those lose); sampled ones are at most K."""
-        mode = self.config.propose
+        mode = self.config.sampling.propose
         if mode == "auto":
             mode = "score" if allowed else "sample"
         if mode == "score" and allowed and self._can_score:
@@ -849,16 +844,16 @@ class Planner:
         cfg = self.config
         messages = self.prompts.decider(root)
         for attempt in range(2):  # sample, then resample once
-            seed = None if cfg.sample_seed is None else cfg.sample_seed + ep.sample_calls
+            seed = None if cfg.sampling.seed is None else cfg.sampling.seed + ep.sample_calls
             ep.sample_calls += 1
             req = GenerationRequest(
                 adapter=self.decider,
                 messages=messages,
                 n=k,
                 # K=1 decides greedily; a resample after unparseable output samples instead.
-                temperature=cfg.temperature if (k > 1 or attempt > 0) else 0.0,
-                top_p=cfg.top_p,
-                max_tokens=cfg.decider_max_tokens,
+                temperature=cfg.sampling.temperature if (k > 1 or attempt > 0) else 0.0,
+                top_p=cfg.sampling.top_p,
+                max_tokens=cfg.sampling.decider_max_tokens,
                 logprobs=True,
                 seed=seed,
                 tag="decide",
@@ -903,7 +898,7 @@ class Planner:
                 except ActionParseError:
                     continue
         try:
-            return Proposal(self.env.parse_action(self.config.fallback_action))
+            return Proposal(self.env.parse_action(self.config.sampling.fallback_action))
         except ActionParseError:
             return Proposal(Action(kind="finish"))
 
@@ -911,7 +906,7 @@ class Planner:
         """Imagine `horizon` steps of every rollout, one engine call per role and depth; returns cache hits."""
         cfg, b = self.config, ep.budgets
         hits = 0
-        if cfg.imagined_actions == "seen" and ep.seen_valid:
+        if cfg.imagination.actions == "seen" and ep.seen_valid:
             imagined_valid = list(dict.fromkeys((allowed or []) + ep.seen_valid))
         else:
             imagined_valid = None
@@ -931,7 +926,7 @@ class Planner:
                     continue  # predicted by the env above: no model call
                 state = self._imagined_state(ep, r, allowed if depth == 0 else imagined_valid)
                 ckey = self._cache_key(state, r.actions[-1])
-                if cfg.sim_cache and ckey in self.cache:
+                if cfg.imagination.cache and ckey in self.cache:
                     text, confidence = self.cache[ckey]
                     self._add_prediction(r, text, confidence)
                     hits += 1
@@ -941,7 +936,7 @@ class Planner:
                     GenerationRequest(
                         adapter=self.simulator,
                         messages=self.prompts.simulator(state, r.actions[-1]),
-                        max_tokens=cfg.simulator_max_tokens,
+                        max_tokens=cfg.sampling.simulator_max_tokens,
                         logprobs=True,  # the prediction's confidence (mean token logprob), weighed by the judge
                         tag="simulate",
                     )
@@ -956,7 +951,7 @@ class Planner:
                         r.alive = False
                         continue
                     self._add_prediction(r, text, confidence)
-                    if cfg.sim_cache:
+                    if cfg.imagination.cache:
                         self.cache[ckey] = (text, confidence)
             for r in alive:
                 if r.predicted[-1] is not None and self.judge.is_error(r.predicted[-1]):
@@ -974,7 +969,7 @@ class Planner:
                     GenerationRequest(
                         adapter=self.decider,
                         messages=self.prompts.decider(state),
-                        max_tokens=cfg.decider_max_tokens,
+                        max_tokens=cfg.sampling.decider_max_tokens,
                         tag="decide",
                         **self._constraint(ep, imagined_valid),
                     )

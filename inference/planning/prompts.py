@@ -6,14 +6,15 @@
 
 An adapter is trained on one prompt layout, saved beside it as prompt_settings.json by `simplan
 train` (data/episode.py); the planner renders exactly that layout. A run's explicit settings
-(PlannerConfig.prompt_format / prompt_budget / max_history / max_failures) that contradict the
+(PlannerConfig.prompts: format / budget / max_history / max_failures) that contradict the
 adapter's fail with both values named. An adapter without saved settings predates them and was
 trained on per-step prompts; the base model (no adapter) gets the run's settings, per-step unless
-`prompt_format: conversation` is given.
+`prompts: {format: conversation}` is given.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,19 +31,13 @@ from simplan.data.episode import (
 from simplan.envs.actions import render_action
 from simplan.envs.base import Action
 
-# PlannerConfig field -> PromptSettings field
-CONFIG_KEYS = {
-    "prompt_format": "format",
-    "prompt_budget": "budget",
-    "max_history": "max_history",
-    "max_failures": "max_failures",
-}
 FALLBACK_FORMAT = "step"  # no adapter settings and no prompt_format given: the layout adapters had before
 
 
 def explicit_settings(config: Any) -> dict[str, Any]:
-    """The prompt settings a PlannerConfig sets explicitly (fields left at None are not set)."""
-    return {key: getattr(config, name) for name, key in CONFIG_KEYS.items() if getattr(config, name, None) is not None}
+    """The prompt settings a PlannerConfig sets explicitly (its `prompts` section, whose fields are PromptSettings'
+    own names; fields left at None are not set)."""
+    return {key: value for key, value in dataclasses.asdict(config.prompts).items() if value is not None}
 
 
 def role_settings(adapter_dir: str | None, explicit: dict[str, Any], role: str) -> PromptSettings:

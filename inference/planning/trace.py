@@ -1,31 +1,15 @@
 """Episode traces: what the planning loop imagined, did and why it pivoted, one JSON line per event.
 
-Every episode of `simplan run` / `simplan eval` writes a trace. A trace is a sequence of events,
-each a JSON object on its own line, all carrying `type`, `episode_id`, `run_id` (one per run of the
-episode), `t` (seconds since the episode started) and `step` (real actions taken so far). Several
+Every episode of `simplan run` / `simplan eval` writes a trace: the events of inference/planning/trace_events.py
+(what each type records, the format's version), stamped and kept in order by `EpisodeTrace`. Several
 episodes may share one file, and one episode may have been run more than once (a resumed or a
-repeated run); `read_traces` reads ONE run per episode (`episode_runs`), never a merge of two.
-
-    type           what it records
-    start          header: env, task, arm, resolved config, budgets, goal, first observation
-    imagine        the K candidates with their imagined rollouts (actions, predicted observations and the
-                   simulator's confidence in each, score parts and total), the engine calls/tokens/seconds
-                   it cost, cache hits, the decider's margin and the router's route (simulate / react)
-    commit         the plan queue: actions with their expectations (predicted observations)
-    act            one real step: action, real observation, expectation and the verdict predicted with it
-                   (won / lost, from the env oracle or a simulator trained with verdicts), match score,
-                   error flag, reward, score, source (plan / reactive / fallback), model calls and tokens
-                   spent since the previous act, env seconds
-    pivot          rule, severity, evidence, and whether it fired or was only counted (a warning)
-    replan         why, how many replans used of the budget, banned actions, the failure note
-    parse_failure  unparseable model output: role, raw text, reason, how it was handled
-    end            status, the env's success flag, final score, steps, counts, tokens, model calls,
-                   wall / planning / env seconds
+repeated run); `read_traces` reads ONE run per episode (`episode_runs`), never a merge of two. Every line
+read becomes an event through `event_from_dict`, after `trace_events.upgrade`: a trace of any older
+version reads as today's.
 
 `summarize(trace)` computes per-episode metrics from the events alone, so every number of a report
-traces back to the episode file. Version 2 traces (the start event's `version`) record the act's
-expected verdict; in older ones it reads as None, so their verdict accounting of real steps is unknown.
-This module imports nothing heavy (the standard library, `simplan.core.io` and the verdict words of
+traces back to the episode file. `format_event` is the one-line view of `simplan run`.
+This module imports nothing heavy (the standard library, `simplan.core` and the verdict words of
 `simplan.data.format`), so evaluation and report code can use it without torch or an engine.
 
     trace = EpisodeTrace.start(episode_id="toy/corridor-3/simplan/0", env="toy", task=task.to_dict(), ...)
@@ -46,202 +30,35 @@ import warnings
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 from simplan.core.io import append_jsonl, read_jsonl_tolerant, write_jsonl
 from simplan.core.text import exact, normalize
 from simplan.data.format import VERDICTS, episode_verdict
-
-TRACE_VERSION = 2  # 2: act events record expected_verdict
-END_STATUSES = ("success", "failed", "budget_steps", "budget_replans", "budget_tokens", "budget_time", "errored")
-ACT_SOURCES = ("plan", "reactive", "fallback")
-SEVERITIES = ("warning", "error")
+from simplan.inference.planning.trace_events import (
+    EVENT_TYPES,
+    ActEvent,
+    CandidateRecord,
+    CommitEvent,
+    EndEvent,
+    ImagineEvent,
+    ParseFailureEvent,
+    PivotEvent,
+    PlanItem,
+    ReplanEvent,
+    StartEvent,
+    TraceEvent,
+    TraceVersionError,
+    upgrade,
+)
 
 
 # ---------------------------------------------------------------------------------------------
-# Events
+# Reading events
 # ---------------------------------------------------------------------------------------------
-@dataclass
-class TraceEvent:
-    """Fields every event line carries. Subclasses set `type`."""
-
-    type: ClassVar[str] = ""
-    episode_id: str = ""
-    run_id: str = ""  # tells apart two runs of one episode in one file ("" in files from before run ids)
-    t: float = 0.0  # seconds since the episode started
-    step: int = 0  # real actions taken so far
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"type": self.type, **asdict(self)}
-
-
-@dataclass
-class StartEvent(TraceEvent):
-    type: ClassVar[str] = "start"
-    env: str = ""
-    task: dict[str, Any] = field(default_factory=dict)  # Task.to_dict()
-    arm: str = ""
-    config: dict[str, Any] = field(default_factory=dict)  # resolved PlannerConfig (and anything else)
-    budgets: dict[str, Any] = field(default_factory=dict)  # router's per-episode budgets
-    goal: str = ""
-    observation: str = ""
-    version: int = TRACE_VERSION
-
-
-@dataclass
-class CandidateRecord:
-    """One imagined rollout: its actions, the simulator's predictions and the judge's score."""
-
-    index: int = 0
-    actions: list[str] = field(default_factory=list)  # rendered actions, first = the candidate
-    predicted: list[str] = field(default_factory=list)  # predicted observation after each action
-    logprob: float | None = None  # decider log-likelihood of the first action (when known)
-    confidence: list[float | None] = field(default_factory=list)  # simulator's mean token logprob per prediction
-    parts: dict[str, float] = field(default_factory=dict)  # weighted score parts
-    total: float = 0.0
-    chosen: bool = False
-    # The verdict per prediction (judge.Outcome.label(), e.g. 'lost score=0 reward=+0'; None where a step had
-    # none): the env oracle's, or a simulator's trained with verdicts. None for a simulator without verdicts and
-    # in older traces.
-    outcomes: list[str | None] | None = None
-
-
-@dataclass
-class ImagineEvent(TraceEvent):
-    type: ClassVar[str] = "imagine"
-    candidates: list[CandidateRecord] = field(default_factory=list)
-    horizon: int = 0  # depth actually simulated (0 when the router skipped simulation)
-    skipped_simulation: bool = False
-    reason: str = ""  # why simulation was skipped / how candidates were proposed
-    model_calls: int = 0
-    prompt_tokens: int = 0
-    cached_prompt_tokens: int = 0  # of prompt_tokens, those the engine reused instead of prefilling
-    # Of prompt_tokens / cached_prompt_tokens, those of the decider calls from the real state (the rest are the
-    # rollouts': simulator, and decider inside imagination); None in traces written before they were recorded.
-    decision_prompt_tokens: int | None = None
-    decision_cached_prompt_tokens: int | None = None
-    # Of prompt_tokens, the scored candidates' (each candidate + EOS, in full; context prefilled = prompt - cached
-    # - candidates): all the event's, and the decision's part; None in traces written before they were recorded.
-    candidate_tokens: int | None = None
-    decision_candidate_tokens: int | None = None
-    completion_tokens: int = 0
-    cache_hits: int = 0
-    seconds: float = 0.0
-    # Who predicted the observations: model (an engine call) or env (inference/planning/oracle.py).
-    simulator: str = "model"
-    margin: float | None = None  # decider's top-1 minus top-2 probability (None: unknown, e.g. one sample)
-    route: str = ""  # router selective: simulate | react ("" where it was not asked: router always, horizon 0)
-    route_verb: str = ""  # selective: the verb of the decider's top candidate
-    route_accuracy: float | None = None  # selective: the simulator's measured accuracy on that verb
-
-
-@dataclass
-class PlanItem:
-    action: str
-    expectation: str | None = None
-
-
-@dataclass
-class CommitEvent(TraceEvent):
-    type: ClassVar[str] = "commit"
-    plan: list[PlanItem] = field(default_factory=list)
-    candidate: int = 0
-    total: float = 0.0
-
-
-@dataclass
-class ActEvent(TraceEvent):
-    type: ClassVar[str] = "act"
-    action: str = ""  # rendered action
-    action_key: str = ""  # Action.key(): canonical identity for repeats
-    observation: str = ""
-    expectation: str | None = None  # predicted observation, None when nothing was predicted
-    # The ending predicted with the expectation: won | lost; None when the prediction said the episode goes on,
-    # gave no verdict (a simulator without verdicts) or nothing was predicted, and in version 1 traces.
-    expected_verdict: str | None = None
-    match: float | None = None  # similarity of observation and expectation in [0, 1]
-    error: bool = False
-    reward: float = 0.0
-    score: float = 0.0
-    done: bool = False
-    won: bool = False
-    source: str = "plan"  # plan | reactive | fallback
-    fault: str | None = None  # set by a fault-injecting env wrapper (info["fault"])
-    model_calls: int = 0  # engine calls since the previous act
-    prompt_tokens: int = 0
-    cached_prompt_tokens: int = 0  # of prompt_tokens, those the engine reused instead of prefilling
-    completion_tokens: int = 0
-    env_seconds: float = 0.0
-
-
-@dataclass
-class PivotEvent(TraceEvent):
-    type: ClassVar[str] = "pivot"
-    rule: str = ""
-    severity: str = "warning"  # warning | error
-    evidence: dict[str, Any] = field(default_factory=dict)  # expected vs seen, counts, thresholds
-    message: str = ""
-    fired: bool = False  # False: a warning only counted toward the delayed trigger
-
-
-@dataclass
-class ReplanEvent(TraceEvent):
-    type: ClassVar[str] = "replan"
-    reason: str = ""  # rule name(s) that fired, or "queue_empty"
-    replans: int = 0  # replans used so far, this one included
-    budget: int = 0
-    dropped: int = 0  # queued actions dropped
-    banned: list[str] = field(default_factory=list)
-    failure_note: str | None = None
-
-
-@dataclass
-class ParseFailureEvent(TraceEvent):
-    type: ClassVar[str] = "parse_failure"
-    role: str = "decider"  # decider | simulator
-    text: str = ""
-    reason: str = ""
-    handled: str = "resample"  # resample | fallback | dropped
-
-
-@dataclass
-class EndEvent(TraceEvent):
-    type: ClassVar[str] = "end"
-    status: str = "failed"  # one of END_STATUSES
-    success: bool = False  # the environment's own success flag
-    score: float = 0.0
-    steps: int = 0
-    replans: int = 0
-    pivots: int = 0  # fired pivots
-    parse_failures: int = 0
-    model_calls: int = 0  # episode totals
-    prompt_tokens: int = 0
-    cached_prompt_tokens: int = 0  # of prompt_tokens, those the engine reused instead of prefilling
-    completion_tokens: int = 0
-    wall_seconds: float = 0.0
-    planning_seconds: float = 0.0  # imagine + judge (engine calls included)
-    env_seconds: float = 0.0
-    engine_seconds: float = 0.0  # all engine calls (planning and reactive)
-    error: str | None = None  # message when status is "errored"
-
-
-EVENT_TYPES: dict[str, type[TraceEvent]] = {
-    cls.type: cls
-    for cls in (
-        StartEvent,
-        ImagineEvent,
-        CommitEvent,
-        ActEvent,
-        PivotEvent,
-        ReplanEvent,
-        ParseFailureEvent,
-        EndEvent,
-    )
-}
-
-
 def event_from_dict(d: dict[str, Any]) -> TraceEvent:
-    """Rebuild an event from its JSON object; unknown keys are ignored (newer writers)."""
+    """Rebuild an event from its JSON object of any version (`upgrade`); unknown keys are ignored (newer writers)."""
+    d = upgrade(d)
     kind = d.get("type")
     if kind not in EVENT_TYPES:
         raise ValueError(f"trace event type {kind!r} is unknown; expected one of {', '.join(EVENT_TYPES)}")
@@ -367,14 +184,17 @@ def read_traces(path: str | os.PathLike, strict: bool = False) -> list[EpisodeTr
             "the first finished one, else the last started); two runs wrote to one file",
             stacklevel=2,
         )
-    return [EpisodeTrace.from_dicts(run) for run in kept]
+    try:
+        return [EpisodeTrace.from_dicts(run) for run in kept]
+    except TraceVersionError as e:
+        raise TraceVersionError(f"{path}: {e}") from None
 
 
 def episode_runs(records: Iterable[dict[str, Any]]) -> tuple[list[list[dict[str, Any]]], list[list[dict[str, Any]]]]:
     """Split trace lines into runs and keep one per episode: (kept runs, runs left out).
 
-    A run is the lines of one (episode id, run id) from its start event to its end event (lines of
-    files older than run ids share the id "", so their runs are cut at each start event). Per
+    A run is the lines of one (episode id, run id) from its start event to its end event (lines
+    without a run id share the id "", so their runs are cut at each start event). Per
     episode the FIRST FINISHED run is kept, as a resumed eval never re-runs a finished episode;
     with none finished, the LAST STARTED run (a re-run replaces an interrupted one). Lines of a run
     after its end event, or before any start, open a run of their own (no header), which a
@@ -458,7 +278,7 @@ class EpisodeSummary:
     sim_match_mean: float | None = None  # mean similarity of the predictions (match field)
     # Verdicts (predicted endings: the env oracle's, or a simulator's trained with them; `verdict_account`).
     verdicts: bool = False  # the episode's predictions carried verdicts (some candidate record has outcomes)
-    # The real steps' counts are None without verdicts, and in version 1 traces (acts without expected_verdict).
+    # The real steps' counts are None without verdicts, and where the acts do not record their expected verdict.
     ending_steps: int | None = None  # real steps that ended the episode and had a prediction
     ending_foreseen: int | None = None  # of those, predicted with the verdict they had (won / lost)
     verdict_steps: int | None = None  # real steps predicted to end the episode (expected_verdict set)
@@ -520,8 +340,8 @@ def verdict_account(s: EpisodeSummary, trace: EpisodeTrace) -> None:
         s.candidates_predicted_lost += lost
         s.lost_candidates_avoided += avoided
     starts: list[StartEvent] = trace.of_type("start")
-    if not starts or starts[0].version < 2:
-        return  # the acts did not record their expected verdict: unknown, not zero
+    if not starts or not starts[0].act_verdicts:
+        return  # the acts do not record their expected verdict: unknown, not zero
     acts: list[ActEvent] = trace.of_type("act")
     ending = [a for a in acts if a.done and a.expectation is not None]
     s.ending_steps = len(ending)

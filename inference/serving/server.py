@@ -33,9 +33,9 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, ClassVar
 
-from simplan.inference.engines.config import parse_adapters, vllm_cpu_env, vllm_lora_rank
+from simplan.inference.engines.config import DTYPES, VLLMOptions, parse_adapters, vllm_cpu_env, vllm_lora_rank
 from simplan.inference.engines.termination import exit_on_termination
 from simplan.inference.serving.auth import IMPORT_PATH as AUTH_MIDDLEWARE
 from simplan.inference.serving.auth import KEY_ENV
@@ -59,18 +59,16 @@ class ServeConfig:
         default=False,
         metadata={"help": "allow a --host beyond loopback without an API key (anyone who can reach it may use it)"},
     )
-    dtype: str = field(default="auto", metadata={"help": "weights dtype: auto, float32, bfloat16, float16"})
+    dtype: str = field(default="auto", metadata={"help": f"weights dtype: {', '.join(DTYPES)}"})
     threads: int | None = field(
-        default=None, metadata={"help": "CPU threads for the model (None: all cores minus reserved_cpus)"}
+        default=None, metadata={"help": "CPU threads for the model (None: all cores minus vllm.reserved_cpus)"}
     )
-    reserved_cpus: int = field(default=0, metadata={"help": "vLLM CPU: cores left for other work (0 is fastest)"})
-    kv_cache_gib: int = field(
-        default=2, metadata={"help": "vLLM CPU: KV-cache size in GiB (else vLLM takes most of the RAM)"}
-    )
-    max_model_len: int = field(default=4096, metadata={"help": "longest prompt + completion in tokens"})
-    max_num_seqs: int = field(default=64, metadata={"help": "most sequences in one scheduler step"})
-    enforce_eager: bool = field(default=False, metadata={"help": "skip torch.compile (faster start, slower steps)"})
     startup_timeout: float = field(default=300.0, metadata={"help": "seconds to wait for /health before giving up"})
+    vllm: VLLMOptions = field(default_factory=VLLMOptions)  # the same options as the in-process vLLM engine
+
+    LEGACY_KEYS: ClassVar[dict[str, str]] = {
+        k: f"vllm.{k}" for k in ("reserved_cpus", "kv_cache_gib", "max_model_len", "max_num_seqs", "enforce_eager")
+    }
 
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:
@@ -109,8 +107,8 @@ def server_command(cfg: ServeConfig, model_path: str) -> list[str]:
     cmd += ["--model", model_path, "--served-model-name", cfg.model]
     cmd += ["--host", cfg.host, "--port", str(cfg.port), "--dtype", cfg.dtype]
     # Same reasons as the in-process backend (inference/engines/vllm_local.py).
-    cmd += ["--max-model-len", str(cfg.max_model_len), "--max-num-seqs", str(cfg.max_num_seqs)]
-    if cfg.enforce_eager:
+    cmd += ["--max-model-len", str(cfg.vllm.max_model_len), "--max-num-seqs", str(cfg.vllm.max_num_seqs)]
+    if cfg.vllm.enforce_eager:
         cmd.append("--enforce-eager")
     # Consecutive conversation steps share their prompt prefix; explicit so a changed default cannot turn
     # it off. The server reports hits as vllm:prefix_cache_hits / vllm:prefix_cache_queries on /metrics.
@@ -239,7 +237,9 @@ def start_server(
     exit_on_termination()
     model_path = resolve_model(cfg.model)
     env = dict(os.environ)
-    env.update(vllm_cpu_env(kv_cache_gib=cfg.kv_cache_gib, reserved_cpus=cfg.reserved_cpus, threads=cfg.threads))
+    env.update(
+        vllm_cpu_env(kv_cache_gib=cfg.vllm.kv_cache_gib, reserved_cpus=cfg.vllm.reserved_cpus, threads=cfg.threads)
+    )
     api_key = cfg.resolved_api_key()
     if api_key:
         env[KEY_ENV] = api_key  # read by our middleware; not on the command line, where `ps` would show it
