@@ -57,9 +57,8 @@ from simplan.evaluation.faults import FaultConfig, FaultyEnv
 from simplan.evaluation.folder_lock import lock_folder
 from simplan.evaluation.resume import RESULTS, TRACES, finished_traces, sync_results
 from simplan.evaluation.suites import StepCap, Suite, SuiteEntry, entry_tasks_with_caps, load_suite
-from simplan.inference.engines.base import Engine
+from simplan.inference.engines.base import Engine, EnvBoundEngine
 from simplan.inference.engines.batching import BatchingEngine
-from simplan.inference.engines.model_free import ModelFreeEngine
 from simplan.inference.planning.arms import ARM_PRESETS
 from simplan.inference.planning.config import PlannerConfig
 from simplan.inference.planning.trace import append_trace
@@ -420,7 +419,7 @@ def _run(
     the traces, then to the results."""
     started = time.perf_counter()
     # A model-free engine (expert, random) has no model calls to merge, and binds itself to each episode's env.
-    batching = cfg.batching and not isinstance(engine, ModelFreeEngine)
+    batching = cfg.batching and not isinstance(engine, EnvBoundEngine)  # no model calls to merge
     batcher = BatchingEngine(engine, window=cfg.batch_window_ms / 1000.0) if batching else None
     shared: Any = batcher if batcher is not None else engine
     count_tokens = locked_token_counter(engine)

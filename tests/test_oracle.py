@@ -21,9 +21,10 @@ from simplan.evaluation.faults import FaultConfig, FaultyEnv
 from simplan.evaluation.runner import EvalConfig
 from simplan.inference.engines.scripted import ScriptedEngine, ToyOracle, prompt_actions, toy_expert_action
 from simplan.inference.planning.config import ImaginationConfig, PromptConfig
+from simplan.inference.planning.imagination import Rollout
 from simplan.inference.planning.judge import Judge, JudgeMemory, JudgeWeights, Outcome
 from simplan.inference.planning.oracle import EnvOracle, OracleTimeout, executed_actions, same_env_factory
-from simplan.inference.planning.planner import Planner, PlannerConfig, Rollout
+from simplan.inference.planning.planner import Planner, PlannerConfig
 from simplan.inference.planning.trace import EpisodeTrace
 
 TOY_TASKS = ToyEnv().tasks("dev")[2:5]
@@ -460,9 +461,9 @@ def test_a_plan_is_committed_up_to_a_step_the_env_says_loses():
     planner = Planner(ScriptedEngine(oracle.decide, oracle.simulate, oracle.score), TrapToy(), PlannerConfig())
     east, lever = Action.command("go east"), Action.command("pull lever")
     plan = Rollout([east, lever], [PLAIN, PROGRESS], outcomes=[Outcome(), Outcome(done=True)])
-    assert [q.action for q in planner._commit(plan, 5.0, "plan")] == [east]
+    assert [q.action for q in planner.imagination.commit(plan, 5.0, "plan")] == [east]
     plan.outcomes = []  # a texts-only rollout: both queued, as before
-    assert [q.action for q in planner._commit(plan, 5.0, "plan")] == [east, lever]
+    assert [q.action for q in planner.imagination.commit(plan, 5.0, "plan")] == [east, lever]
     planner.close()
 
 

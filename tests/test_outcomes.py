@@ -165,3 +165,136 @@ def test_training_on_branch_rows_runs_with_the_tree_mask(tmp_path, tok, counterf
     assert losses and all(0 < float(x) < 100 for x in losses)
     assert all(int(m["tokens_seen"]) > 0 for m in metrics if "tokens_seen" in m)
     assert result.adapter_dir.exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# The planner with a simulator that predicts outcomes
+# ---------------------------------------------------------------------------------------------
+def _outcome_planner(traj: Trajectory, settings, tok, bad: set[str], judge=None):
+    """A simplan planner on the toy env whose decider replays `traj` (K=1) or scores the valid actions, and whose
+    simulator gives outcome lines a probability: 'lost' for actions in `bad`, 'no change' otherwise."""
+    from simplan.envs.actions import render_action
+    from simplan.envs.toy import ToyEnv
+    from simplan.inference.engines.scripted import ScriptedEngine
+    from simplan.inference.planning.config import PlannerConfig, SamplingConfig
+    from simplan.inference.planning.planner import Planner
+    from simplan.inference.planning.prompts import PlannerPrompts
+
+    actions = [render_action(s.action) for s in traj.steps]
+
+    def score(req, user):
+        if req.tag == "outcomes":
+            assert not req.complete and req.candidates == [fmt.outcome_line(o) for o in OUTCOMES]
+            want = "lost" if user in bad else "no_change"
+            return [0.0 if o == want else -6.0 for o in OUTCOMES]
+        order = {a: i for i, a in enumerate(actions)}  # the recorded actions first, in order
+        return [-0.1 * order.get(c, 50) for c in req.candidates]
+
+    engine = ScriptedEngine(
+        decide=lambda req, user: actions[0],
+        simulate=lambda req, user: "Outcome: no change\nYou are here.",
+        score=score,
+    )
+    config = PlannerConfig(
+        arm="simplan", k=2, horizon=1, adaptive=False, raise_errors=True, sampling=SamplingConfig(propose="score")
+    )
+    planner = Planner(engine, ToyEnv(), config, tokenizer=tok)
+    planner.prompts = PlannerPrompts(settings, settings, tok)
+    from simplan.inference.planning.imagination import Imagination
+
+    planner.imagination = Imagination(planner)
+    if judge is not None:
+        planner.imagination.outcome_judge = judge
+    return planner, engine
+
+
+def test_the_planner_reads_outcome_probabilities_and_its_prompts_are_training_prefixes(tmp_path, tok):
+    from simplan.data.episode import EpisodeState, PromptSettings, renderer_for
+
+    collect(
+        CollectConfig(
+            env="toy",
+            fold="dev",
+            limit=1,
+            policies=["expert"],
+            branches=0,
+            out=str(tmp_path / "t.jsonl"),
+            progress=False,
+        )
+    )
+    traj = Trajectory.from_dict(json.loads((tmp_path / "t.jsonl").read_text().splitlines()[0]))
+    settings = PromptSettings(budget=4096, reserve=64, outcomes=True)
+    planner, engine = _outcome_planner(traj, settings, tok, bad=set())
+    result = planner.run(traj.task)
+    assert result.summary.success
+    # Every outcome request of a real step's top candidate is the simulator's training prompt of that step.
+    state = EpisodeState.from_trajectory(traj)
+    renderer = renderer_for(settings, tok)
+    prefixes = {}
+    for ex in renderer.examples(state, "simulator"):
+        for i, (m, s, w) in enumerate(zip(ex.messages, ex.steps, ex.weights)):
+            if m["role"] == "assistant" and w:
+                prefixes[s] = ex.messages[:i]
+    firsts = [reqs[0].messages for kind, reqs in engine.calls if kind == "score" and reqs[0].tag == "outcomes"]
+    assert firsts == [prefixes[t] for t in range(len(traj.steps))]
+    imagine = [e for e in result.trace.events if e.type == "imagine"]
+    chosen = [c for e in imagine for c in e.candidates if c.chosen]
+    assert all(c.outcome_probs and c.outcome_probs["no_change"] > 0.9 for c in chosen)
+    assert all(c.predicted == ["You are here."] for c in chosen)  # the expectation, its outcome line split off
+
+
+def test_the_decider_is_overridden_only_above_the_veto(tmp_path, tok):
+    from simplan.data.episode import PromptSettings
+    from simplan.inference.planning.outcomes import OutcomeJudge
+
+    collect(
+        CollectConfig(
+            env="toy",
+            fold="dev",
+            limit=1,
+            policies=["expert"],
+            branches=0,
+            out=str(tmp_path / "t.jsonl"),
+            progress=False,
+        )
+    )
+    traj = Trajectory.from_dict(json.loads((tmp_path / "t.jsonl").read_text().splitlines()[0]))
+    first = traj.steps[0].action.text
+    settings = PromptSettings(budget=4096, reserve=64, outcomes=True)
+    planner, _ = _outcome_planner(traj, settings, tok, bad={first})
+    result = planner.run(traj.task)
+    (decision, *_) = [e for e in result.trace.events if e.type == "imagine"]
+    top, other = decision.candidates[0], decision.candidates[1]
+    assert top.actions == [first] and not top.chosen and other.chosen  # P(lost) ~1 > 0.5: vetoed
+    planner, _ = _outcome_planner(traj, settings, tok, bad={first}, judge=OutcomeJudge(veto=1.0))
+    (decision, *_) = [e for e in planner.run(traj.task).trace.events if e.type == "imagine"]
+    assert decision.candidates[0].chosen  # a veto no probability exceeds: the decider's top is always kept
+
+
+def test_outcome_judge_choice_and_file(tmp_path) -> None:
+    from simplan.inference.planning.outcomes import OUTCOME_JUDGE_FILE, OutcomeJudge
+
+    def p(**kw):
+        base = dict.fromkeys(OUTCOMES, 0.0) | {"no_change": 1.0}
+        return base | kw | {"no_change": 1.0 - sum(kw.values())}
+
+    judge = OutcomeJudge(veto=0.4, weights={"logprob": 1.0, "p_progress": 5.0})
+    probs = [p(lost=0.5), p(progress=0.1), p(progress=0.6)]
+    assert judge.choose([-0.1, -1.0, -2.0], probs)[0] == 2  # vetoed top; the value prefers the progress
+    assert judge.choose([-0.1, -1.0, -2.0], [p(lost=0.3), *probs[1:]])[0] == 0  # under the veto: top kept
+    assert judge.choose([-0.1, -1.0], [p(lost=0.9), p(error=0.5)])[0] == 1  # all vetoed: the least bad
+    judge.write(tmp_path / OUTCOME_JUDGE_FILE)
+    assert OutcomeJudge.for_adapter(tmp_path) == judge and OutcomeJudge.for_adapter(None) == OutcomeJudge()
+    with pytest.raises(ValueError, match="unknown features"):
+        OutcomeJudge(weights={"p_exploded": 1.0})
+
+
+def test_scoring_a_prefix_leaves_out_the_end_of_turn_token(tok) -> None:
+    """ScoreRequest(complete=False) scores an outcome line as the start of a reply: the same tokens without EOS."""
+    from simplan.inference.engines.base import ScoreRequest
+    from simplan.inference.engines.common import score_rows
+
+    messages = [{"role": "user", "content": "open door"}]
+    whole, _ = score_rows(tok, [ScoreRequest(candidates=["Outcome: lost\n"], messages=messages)])
+    prefix, _ = score_rows(tok, [ScoreRequest(candidates=["Outcome: lost\n"], messages=messages, complete=False)])
+    assert whole[0].ids[:-1] == prefix[0].ids and whole[0].ids[-1] == tok.eos_token_id

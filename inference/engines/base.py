@@ -103,6 +103,9 @@ class ScoreRequest:
     prompt: str | None = None
     tag: str = ""
     session: str | None = None  # as GenerationRequest.session
+    # True: each candidate is a whole completion, scored with its end-of-turn token (an action). False: each is
+    # the start of a longer completion, scored without one (a simulator reply's outcome line).
+    complete: bool = True
 
     def __post_init__(self) -> None:
         if (self.messages is None) == (self.prompt is None):
@@ -113,7 +116,7 @@ class ScoreRequest:
 
 @dataclass
 class ScoreResult:
-    logprobs: list[float]  # sum of token logprobs of each candidate (+ EOS), same order
+    logprobs: list[float]  # sum of token logprobs of each candidate (+ EOS when the request is complete), in order
     num_tokens: list[int]
     prompt_tokens: int
     seconds: float
@@ -161,6 +164,16 @@ class SessionEngine(Protocol):
     def end_session(self, session: str) -> None:
         """Free what the backend keeps for `session` (a session never seen is not an error)."""
         ...
+
+
+@runtime_checkable
+class EnvBoundEngine(Protocol):
+    """The optional hook of an engine that decides from the env itself, with no model (the expert and random
+    engines, inference/engines/model_free.py): `bind(env)` returns the engine and the env one episode uses (the
+    env wrapped so the engine sees each observation). Such an engine has no model calls to batch, and it serves
+    the decider's role only (the reactive arm)."""
+
+    def bind(self, env: Any) -> tuple[Any, Any]: ...
 
 
 # ---------------------------------------------------------------------------------------------

@@ -73,7 +73,8 @@ class ScoreRow:
 
 
 def score_rows(tokenizer: Any, requests: Sequence[ScoreRequest]) -> tuple[list[ScoreRow], list[int]]:
-    """Rows (prompt + candidate + EOS) for every candidate, and each request's prompt length."""
+    """Rows (prompt + candidate, + EOS for a complete request) for every candidate, and each request's prompt
+    length."""
     rows: list[ScoreRow] = []
     lengths: list[int] = []
     eos = tokenizer.eos_token_id
@@ -81,7 +82,7 @@ def score_rows(tokenizer: Any, requests: Sequence[ScoreRequest]) -> tuple[list[S
         p = prompt_ids(tokenizer, req)
         lengths.append(len(p))
         for j, cand in enumerate(req.candidates):
-            tail = encode(tokenizer, cand) + ([eos] if eos is not None else [])
+            tail = encode(tokenizer, cand) + ([eos] if eos is not None and req.complete else [])
             rows.append(ScoreRow(i, j, p + tail, len(p)))
     return rows, lengths
 

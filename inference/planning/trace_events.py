@@ -95,6 +95,9 @@ class CandidateRecord:
     # The verdict per prediction (judge.Outcome.label(), e.g. 'lost score=0 reward=+0'; None where a step had
     # none): the env oracle's, or a simulator's trained with verdicts. None for a simulator without verdicts.
     outcomes: list[str | None] | None = None
+    # A simulator trained with outcome lines (inference/planning/outcomes.py): the probability of each outcome
+    # class of the first action (error, no_change, progress, won, lost); None for other simulators.
+    outcome_probs: dict[str, float] | None = None
 
 
 @dataclass

@@ -1,0 +1,87 @@
+"""The planner's record of one episode being run: what happened for real, what was learned, what was spent.
+
+    run = EpisodeRun(task, budgets, trace, meter, obs, goal)    # the planner makes one per episode
+    run.past, run.records, run.bans, run.memory, run.state       # real steps, as pivots, judge and prompts see them
+
+`state` is the conversation so far (data/episode.py EpisodeState), the same state training prompts are built
+from; the other fields are the loop's own bookkeeping: bans per real state, the failure memory, replans and
+pivots, token and time meters. `Queued` is one planned action with its expectation; `EpisodeResult` what
+`Planner.run` returns.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from simplan.core.text import normalize
+from simplan.data.episode import EpisodeState
+from simplan.envs.base import Action, Observation, Task
+from simplan.inference.engines.base import MeteredEngine
+from simplan.inference.planning.judge import JudgeMemory
+from simplan.inference.planning.pivots import StepRecord
+from simplan.inference.planning.router import Budgets
+from simplan.inference.planning.trace import EpisodeSummary, EpisodeTrace
+
+
+def digest_key(*parts: Any) -> str:
+    # surrogatepass: a lone surrogate in any text (the engine boundary removes them from model text)
+    # still hashes; every other text hashes to the same key as with a plain encode().
+    text = json.dumps(parts, ensure_ascii=False, sort_keys=True, default=repr)
+    return hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
+@dataclass
+class Queued:
+    action: Action
+    expectation: str | None
+    source: str  # plan | reactive | fallback
+    verdict: str | None = None  # the ending predicted for this step (won | lost), traced on its act event
+
+
+@dataclass
+class EpisodeResult:
+    trace: EpisodeTrace
+    summary: EpisodeSummary
+
+
+@dataclass
+class EpisodeRun:
+    task: Task
+    budgets: Budgets
+    trace: EpisodeTrace
+    meter: MeteredEngine
+    obs: Observation
+    goal: str
+    past: list[tuple[Action, str, bool]] = field(default_factory=list)  # real (action, observation, error)
+    records: list[StepRecord] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    bans: dict[str, set[str]] = field(default_factory=dict)  # real state key -> banned action keys
+    seen_valid: list[str] = field(default_factory=list)  # valid actions seen so far, first-seen order
+    state: EpisodeState | None = None  # the conversation so far (conversation format; data/episode.py)
+    memory: JudgeMemory = field(default_factory=JudgeMemory)
+    score: float = 0.0
+    replans: int = 0
+    pivots: int = 0
+    parse_failures: int = 0
+    since_replan: int = 0
+    degraded: str = ""  # why the loop acts without simulation from now on ("" = it does not)
+    calls_at_last_act: int = 0
+    prompt_at_last_act: int = 0
+    cached_at_last_act: int = 0
+    completion_at_last_act: int = 0
+    tokens_at_last_act: int = 0
+    planning_seconds: float = 0.0
+    env_seconds: float = 0.0
+    sample_calls: int = 0
+
+    @property
+    def steps(self) -> int:
+        return len(self.past)
+
+
+def state_key(obs: Observation) -> str:
+    """The identity of a real state: its text (normalised) and its valid actions (where bans are kept)."""
+    return digest_key(normalize(obs.text), list(obs.valid_actions or []))
