@@ -33,6 +33,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "models": ("simplan.scripts.models", "list or fetch base models (models list | models fetch NAME)"),
     "train": ("simplan.scripts.train", "LoRA-train the decider or the simulator from a YAML recipe"),
     "eval-model": ("simplan.scripts.eval_model", "offline metrics of a model/adapter on a dataset fold"),
+    "fit-judge": (
+        "simplan.scripts.fit_judge",
+        "fit the outcome judge on dev states; measure the simulator's outcome predictions",
+    ),
     "serve": ("simplan.scripts.serve", "serve base + adapters with vLLM's OpenAI-compatible server"),
     "run": ("simplan.scripts.run", "run one episode with the planning loop and a live view"),
     "eval": ("simplan.scripts.eval", "evaluate agent arms on a suite of tasks"),

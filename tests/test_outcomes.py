@@ -298,3 +298,105 @@ def test_scoring_a_prefix_leaves_out_the_end_of_turn_token(tok) -> None:
     whole, _ = score_rows(tok, [ScoreRequest(candidates=["Outcome: lost\n"], messages=messages)])
     prefix, _ = score_rows(tok, [ScoreRequest(candidates=["Outcome: lost\n"], messages=messages, complete=False)])
     assert whole[0].ids[:-1] == prefix[0].ids and whole[0].ids[-1] == tok.eos_token_id
+
+
+# ---------------------------------------------------------------------------------------------
+# Fitting the judge, and the metrics of outcome predictions
+# ---------------------------------------------------------------------------------------------
+def test_outcome_metrics_by_hand() -> None:
+    import numpy as np
+
+    from simplan.evaluation.outcome_metrics import auroc, calibration, veto_threshold
+
+    scores, labels = np.array([0.9, 0.8, 0.7, 0.2, 0.1]), np.array([True, True, False, False, True])
+    assert auroc(scores, labels) == pytest.approx(4 / 6)  # 4 of the 6 (positive, negative) pairs ordered right
+    assert auroc(scores, np.zeros(5, bool)) is None
+    t, recall, precision = veto_threshold(scores, labels, precision=1.0)
+    assert (t, recall, precision) == (0.7, pytest.approx(2 / 3), 1.0)  # > 0.7 calls the two right ones
+    assert veto_threshold(scores, ~labels, precision=1.0)[1] == 0.0  # nothing reaches it: never veto
+    c = calibration(np.array([0.05, 0.05, 0.95, 0.95]), np.array([False, False, True, False]), bins=10)
+    assert c["ece"] == pytest.approx(0.5 * 0.05 + 0.5 * 0.45)
+
+
+def test_the_fitted_judge_recovers_known_weights_on_synthetic_data() -> None:
+    import numpy as np
+
+    from simplan.evaluation.outcome_metrics import fit_logistic
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(20_000, 3))
+    true_w, true_b = np.array([1.5, -2.0, 0.5]), -0.3
+    y = (rng.random(20_000) < 1 / (1 + np.exp(-(x @ true_w + true_b)))).astype(float)
+    w, b = fit_logistic(x, y, l2=0.0)
+    assert np.allclose(w, true_w, atol=0.08) and b == pytest.approx(true_b, abs=0.08)
+
+
+def test_fit_judge_on_toy_counterfactuals(tmp_path, tok, counterfactuals) -> None:
+    """The whole fit on a tiny model: rows for every sampled candidate, metrics, and a judge the planner reads."""
+    from simplan.evaluation.judge_fit import FitJudgeConfig, fit_judge
+    from simplan.inference.engines import make_engine
+    from simplan.inference.planning.outcomes import OUTCOME_JUDGE_FILE, OutcomeJudge
+    from simplan.models.tiny import tiny_model
+    from simplan.training.config import DataArguments, LoraArguments, ModelArguments, TrainArguments
+    from simplan.training.trainer import train
+
+    build(
+        BuildConfig(
+            role="simulator", inputs=[str(counterfactuals)], outcomes=True, out=str(tmp_path / "ds"), progress=False
+        ),
+        tok,
+    )
+    result = train(
+        ModelArguments(model=str(tiny_model("llama")), dtype="float32"),
+        LoraArguments(lora_r=4, lora_alpha=8),
+        DataArguments(dataset=str(tmp_path / "ds"), max_length=1024, max_eval_examples=4),
+        TrainArguments(
+            output_dir=str(tmp_path / "run"),
+            max_steps=1,
+            per_device_train_batch_size=2,
+            eval_steps=0,
+            save_steps=100,
+            logging_steps=1,
+            bf16="false",
+            num_threads=1,
+        ),
+    )
+    adapter = str(result.adapter_dir)
+    engine = make_engine(
+        "hf", str(tiny_model("llama")), {"decider": adapter, "simulator": adapter}, dtype="float32", threads=1
+    )
+    try:
+        out = fit_judge(
+            FitJudgeConfig(inputs=[str(counterfactuals)], out=str(tmp_path / "fit"), states=6, write_adapter=True),
+            engine,
+        )
+    finally:
+        engine.close()
+    rows = (tmp_path / "fit" / "rows.jsonl").read_text().splitlines()
+    assert len(rows) == out["metrics"]["all"]["candidates"] >= 6
+    for line in rows:
+        r = json.loads(line)
+        assert sum(r["probs"].values()) == pytest.approx(1.0) and r["logprob"] <= 0.0
+    judge = OutcomeJudge.for_adapter(adapter)
+    assert (Path(adapter) / OUTCOME_JUDGE_FILE).exists() and judge == out["judge"]
+    assert "AUROC" in (tmp_path / "fit" / "metrics.md").read_text()
+
+
+def test_outcome_probabilities_are_the_same_batched_and_one_by_one(tok) -> None:
+    from simplan.inference.engines import make_engine
+    from simplan.inference.planning.outcomes import outcome_probabilities, outcome_request
+    from simplan.models.tiny import tiny_model
+
+    engine = make_engine("hf", str(tiny_model("llama")), dtype="float32", threads=1, batch_size=4)
+    try:
+        prompts = [
+            [{"role": "system", "content": f"Goal: {g}"}, {"role": "user", "content": a}]
+            for g, a in (("open the door", "open door"), ("find the key", "look"), ("win", "go east now"))
+        ]
+        batched = outcome_probabilities(engine.score([outcome_request(m, None) for m in prompts]))
+        alone = [outcome_probabilities(engine.score([outcome_request(m, None)]))[0] for m in prompts]
+    finally:
+        engine.close()
+    for b, a in zip(batched, alone):
+        assert sum(b.values()) == pytest.approx(1.0)
+        assert all(b[o] == pytest.approx(a[o], abs=1e-5) for o in OUTCOMES)

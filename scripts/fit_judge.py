@@ -1,0 +1,42 @@
+"""`simplan fit-judge`: fit the outcome judge on dev states and measure the simulator's outcome predictions.
+
+    simplan fit-judge --inputs runs/data/twx-dev-cf.jsonl --engine hf --model smollm2-135m-instruct \\
+        --adapters decider=runs/train/decider/adapter,simulator=runs/train/simulator/adapter --write_adapter true
+
+The inputs are dev trajectories with counterfactual alternatives (`simplan counterfactuals`). Writes
+metrics.json, metrics.md, rows.jsonl and reliability.png to --out; with --write_adapter true also
+outcome_judge.json beside the simulator adapter, which the planner reads (evaluation/judge_fit.py).
+Exit status 0 on success, 2 on a bad configuration.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from simplan.core.config import parse_config
+from simplan.evaluation.judge_fit import FitJudgeConfig
+from simplan.inference.engines import EngineConfig, engine_from_config
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg, engine_cfg = parse_config(
+        [FitJudgeConfig, EngineConfig], argv, description=__doc__.split("\n")[0], prog="simplan fit-judge"
+    )
+    from simplan.evaluation.judge_fit import fit_judge
+
+    engine = engine_from_config(engine_cfg)
+    try:
+        result = fit_judge(cfg, engine)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"simplan fit-judge: {e}", file=sys.stderr)
+        return 2
+    finally:
+        engine.close()
+    print((result["out"] / "metrics.md").read_text())
+    if result["written"]:
+        print(f"fit-judge: the planner reads {result['written']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
