@@ -60,6 +60,12 @@ class CollectConfig:
         default=None, metadata={"help": "only these families (TWX games, ScienceWorld task types, BFCL categories)"}
     )
     limit: int | None = field(default=None, metadata={"help": "tasks per family (first N in the env's order)"})
+    skip: int = field(
+        default=0,
+        metadata={
+            "help": "tasks per family passed over before `limit` counts, e.g. to hold out an evaluation's seeds"
+        },
+    )
     family_limits: dict[str, int] = field(
         default_factory=dict,
         metadata={
@@ -110,6 +116,8 @@ class CollectConfig:
             self.families = comma_list(self.families)
         if not self.env:
             raise ValueError("env: give a registered environment name (see `simplan envs list`)")
+        if self.skip < 0:
+            raise ValueError(f"skip: must be >= 0, got {self.skip}")
         if self.fold not in FOLDS:
             raise ValueError(f"fold: {self.fold!r} is not one of {FOLDS}")
         bad = [p for p in self.policies if p not in POLICIES]
@@ -145,8 +153,8 @@ class CollectConfig:
 # Task and episode planning
 # ---------------------------------------------------------------------------------------------
 def select_tasks(env: Env, cfg: CollectConfig) -> list[Task]:
-    """The fold's tasks, `limit` per family (`family_limits` for those it names), then `max_tasks` in total
-    taken round-robin by family."""
+    """The fold's tasks, `limit` per family (`family_limits` for those it names) after the first `skip` of each,
+    then `max_tasks` in total taken round-robin by family."""
     tasks = env.tasks(cfg.fold, families=cfg.families, limit=None)
     by_family: dict[str, list[Task]] = {}
     for task in tasks:
@@ -159,7 +167,10 @@ def select_tasks(env: Env, cfg: CollectConfig) -> list[Task]:
     unknown = sorted(set(cfg.family_limits) - set(by_family))
     if unknown:
         raise ValueError(f"family_limits: {unknown} have no {cfg.fold} tasks here; families: {sorted(by_family)}")
-    groups = [group[: cfg.family_limits.get(family, cfg.limit) or None] for family, group in by_family.items()]
+    groups = []
+    for family, group in by_family.items():
+        n = cfg.family_limits.get(family, cfg.limit)
+        groups.append(group[cfg.skip : cfg.skip + n if n else None])
     picked: list[Task] = []
     for i in range(max((len(g) for g in groups), default=0)):
         picked += [g[i] for g in groups if i < len(g)]

@@ -303,3 +303,16 @@ def test_family_limits_override_the_limit_for_the_families_they_name() -> None:
         select_tasks(env, CollectConfig(env="toy", family_limits={"kitchen": 3}))
     with pytest.raises(ValueError, match="at least 1"):
         CollectConfig(env="toy", family_limits={"corridor": 0})
+
+
+def test_skip_holds_out_the_first_tasks_of_each_family() -> None:
+    from simplan.data.collect import select_tasks
+    from simplan.envs.toy import ToyEnv
+
+    env = ToyEnv()
+    first = select_tasks(env, CollectConfig(env="toy", fold="dev", limit=2))
+    later = select_tasks(env, CollectConfig(env="toy", fold="dev", limit=2, skip=2))
+    both = select_tasks(env, CollectConfig(env="toy", fold="dev", limit=4))
+    assert [t.task_id for t in first + later] == [t.task_id for t in both]
+    with pytest.raises(ValueError, match="skip"):
+        CollectConfig(env="toy", skip=-1)
