@@ -40,8 +40,8 @@ from simplan.inference.engines.base import (
 )
 from simplan.inference.engines.scripted import ScriptedEngine
 from simplan.inference.planning.config import SamplingConfig
-from simplan.inference.planning.imagination import _softmax
 from simplan.inference.planning.planner import Planner, PlannerConfig
+from simplan.inference.planning.proposals import _softmax
 from simplan.inference.planning.router import BudgetConfig
 from simplan.inference.planning.trace import append_trace, read_traces
 

@@ -22,7 +22,6 @@ One decision, as the planning loop (planner.py) calls it when its queue is empty
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 import time
 from dataclasses import dataclass, field
@@ -41,11 +40,12 @@ from simplan.data.format import (
 from simplan.data.outcomes import OUTCOMES
 from simplan.envs.actions import render_action
 from simplan.envs.base import Action, ActionParseError, action_key_of_text, env_extra
-from simplan.inference.engines.base import GenerationRequest, GenerationResult, ScoreRequest
+from simplan.inference.engines.base import GenerationRequest, GenerationResult
 from simplan.inference.planning.episode_run import EpisodeRun, Queued, digest_key
 from simplan.inference.planning.judge import Outcome, is_finish
 from simplan.inference.planning.oracle import EnvOracle, OracleError, executed_actions, same_env_factory
 from simplan.inference.planning.outcomes import OutcomeJudge, outcome_probabilities, outcome_request
+from simplan.inference.planning.proposals import Proposal, Proposer
 from simplan.inference.planning.sim_accuracy import action_verb
 from simplan.inference.planning.trace import CandidateRecord, CommitEvent, ImagineEvent, PlanItem
 
@@ -53,24 +53,7 @@ if TYPE_CHECKING:
     from simplan.inference.planning.planner import Planner
 
 
-def _softmax(logprobs: list[float]) -> list[float]:
-    """Probabilities of logprobs; uniform when all are -inf (nothing to prefer), [] for none."""
-    if not logprobs:
-        return []
-    m = max(logprobs)
-    if m == -math.inf:
-        return [1.0 / len(logprobs)] * len(logprobs)
-    exps = [math.exp(x - m) for x in logprobs]
-    z = sum(exps)
-    return [e / z for e in exps]
-
-
 # ---------------------------------------------------------------------------------------------
-@dataclass
-class Proposal:
-    action: Action
-    probability: float | None = None
-    logprob: float | None = None
 
 
 @dataclass
@@ -97,9 +80,10 @@ class Imagination:
 
     def __init__(self, planner: Planner, oracle: EnvOracle | None = None) -> None:
         self.planner = planner
+        self.propose = Proposer(self)  # the decider's first actions (proposals.py)
         # (state key, action key) -> (predicted observation, the simulator's mean token logprob of it)
         self.cache: dict[tuple[str, str], tuple[str, float | None]] = {}
-        self._can_score = True
+        self.propose.can_score = True
         self._unsupported: set[str] = set()  # constrained-decoding kinds the backend refused
         # simulator "env": the real env, replayed on copies, answers imagination (oracle.py); one copy per
         # candidate, so each rollout goes on from its own copy instead of replaying from the reset.
@@ -126,7 +110,7 @@ class Imagination:
         cached0, cand0 = ep.meter.cached_tokens, ep.meter.candidate_tokens
         allowed = self.planner._allowed(ep)
         root = self._prompt_state(ep, [], ep.obs.text, allowed)
-        ranked, margin, how, fallback = self._propose(ep, root, allowed)
+        ranked, margin, how, fallback = self.propose(ep, root, allowed)
         proposals, spare = ranked[: b.k], ranked[b.k :]
         decision_prompt, decision_cached = ep.meter.prompt_tokens - p0, ep.meter.cached_tokens - cached0
         decision_candidates = ep.meter.candidate_tokens - cand0
@@ -335,113 +319,6 @@ class Imagination:
             if self.planner.judge.is_error(expectation or "") or total < self.planner.config.judge.threshold:
                 break  # a failing or low-scored plan: take one step and look again
         return queue
-
-    def _propose(
-        self, ep: EpisodeRun, root: PromptState | EpisodeState, allowed: list[str] | None
-    ) -> tuple[list[Proposal], float | None, str, bool]:
-        """First actions from the real state, best first: (proposals, confidence margin, how, is_fallback).
-        Scored valid actions are all returned (the caller imagines the first K, and the next ones when all of
-        those lose); sampled ones are at most K."""
-        mode = self.planner.config.sampling.propose
-        if mode == "auto":
-            mode = "score" if allowed else "sample"
-        if mode == "score" and allowed and self._can_score:
-            scored = self._score_actions(ep, root, allowed)
-            if scored is not None:
-                probs = [p.probability or 0.0 for p in scored] + [0.0]
-                margin = probs[0] - probs[1]
-                return scored, margin, f"scored {len(allowed)} valid actions", False
-        return self._sample(ep, root, allowed, ep.budgets.k)
-
-    def _score_actions(
-        self, ep: EpisodeRun, root: PromptState | EpisodeState, allowed: list[str]
-    ) -> list[Proposal] | None:
-        req = ScoreRequest(
-            candidates=list(allowed),
-            adapter=self.planner.decider,
-            messages=self.planner.prompts.decider(root),
-            tag="decide",
-        )
-        try:
-            (res,) = ep.meter.score([req])
-        except NotImplementedError:
-            self._can_score = False
-            return None
-        probs = _softmax(res.logprobs)
-        out = []
-        for text, lp, p in zip(allowed, res.logprobs, probs):
-            try:
-                action = self.planner.env.parse_action(text)
-            except ActionParseError as e:
-                self.planner._parse_failure(ep, "decider", text, f"valid action the env cannot parse: {e}", "dropped")
-                continue
-            out.append(Proposal(action, p, lp))
-        out.sort(key=lambda p: -(p.probability or 0.0))
-        return out or None
-
-    def _sample(
-        self, ep: EpisodeRun, root: PromptState | EpisodeState, allowed: list[str] | None, k: int
-    ) -> tuple[list[Proposal], float | None, str, bool]:
-        cfg = self.planner.config
-        messages = self.planner.prompts.decider(root)
-        for attempt in range(2):  # sample, then resample once
-            seed = None if cfg.sampling.seed is None else cfg.sampling.seed + ep.sample_calls
-            ep.sample_calls += 1
-            req = GenerationRequest(
-                adapter=self.planner.decider,
-                messages=messages,
-                n=k,
-                # K=1 decides greedily; a resample after unparseable output samples instead.
-                temperature=cfg.sampling.temperature if (k > 1 or attempt > 0) else 0.0,
-                top_p=cfg.sampling.top_p,
-                max_tokens=cfg.sampling.decider_max_tokens,
-                logprobs=True,
-                seed=seed,
-                tag="decide",
-                **self._constraint(ep, allowed),
-            )
-            (res,) = self._generate(ep, [req])
-            counts: dict[str, int] = {}
-            first: dict[str, Proposal] = {}
-            failures = []
-            for c in res.completions:
-                try:
-                    action = self._parse(c.text, allowed)
-                except ActionParseError as e:
-                    failures.append((c.text, str(e)))
-                    continue
-                key = action.key()
-                counts[key] = counts.get(key, 0) + 1
-                first.setdefault(key, Proposal(action, None, c.logprob))
-            handled = "dropped" if first else ("resample" if attempt == 0 else "fallback")
-            for text, why in failures:
-                self.planner._parse_failure(ep, "decider", text, why, handled)
-            if first:
-                n = sum(counts.values())
-                ranked = sorted(first, key=lambda key: -counts[key])  # stable: first sampled wins ties
-                props = [dataclasses.replace(first[key], probability=counts[key] / n) for key in ranked]
-                # Agreement between samples is a confidence signal only when there are several samples.
-                probs = [p.probability or 0.0 for p in props] + [0.0]
-                margin = probs[0] - probs[1] if n > 1 else None
-                return props, margin, f"sampled n={k}", False
-        return [self._fallback(ep, root, allowed)], None, "fallback", True
-
-    def _fallback(self, ep: EpisodeRun, root: PromptState | EpisodeState, allowed: list[str] | None) -> Proposal:
-        """The highest-scored valid action, else the first valid one, else the configured no-op, else finish."""
-        if allowed:
-            if self._can_score:
-                scored = self._score_actions(ep, root, allowed)
-                if scored:
-                    return scored[0]
-            for text in allowed:
-                try:
-                    return Proposal(self.planner.env.parse_action(text))
-                except ActionParseError:
-                    continue
-        try:
-            return Proposal(self.planner.env.parse_action(self.planner.config.sampling.fallback_action))
-        except ActionParseError:
-            return Proposal(Action(kind="finish"))
 
     def _rollout(self, ep: EpisodeRun, rollouts: list[Rollout], horizon: int, allowed: list[str] | None) -> int:
         """Imagine `horizon` steps of every rollout, one engine call per role and depth; returns cache hits."""
