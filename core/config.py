@@ -126,13 +126,35 @@ def coerce(value: Any, hint: Any, name: str) -> Any:
                 raise ValueError
             return [coerce(v, inner, f"{name}[{i}]") for i, v in enumerate(items)]
         if tp is dict or origin is dict:
-            value = yaml.safe_load(value) if isinstance(value, str) else value
+            value = _yaml_mapping(value, name) if isinstance(value, str) else value
             if not isinstance(value, dict):
                 raise ValueError
             return value
+    except _NotYaml as e:
+        raise ValueError(str(e)) from None
     except (ValueError, TypeError, yaml.YAMLError):
         raise ValueError(f"{name}: expected {_type_name(hint)}, got {value!r}") from None
     return value
+
+
+class _NotYaml(ValueError):
+    pass
+
+
+def _yaml_mapping(text: str, name: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        problem = f"{name}: not valid YAML ({yaml_problem(e)}) in {text!r}"
+        raise _NotYaml(f"{problem}; write a mapping: '{{key: value}}'") from None
+
+
+def yaml_problem(e: yaml.YAMLError) -> str:
+    """A YAML error on one line: what is wrong and where ("expected ',' or '}', but got '<stream end>' at line 1,
+    column 12"), instead of PyYAML's multi-line message with a caret drawing."""
+    mark = getattr(e, "problem_mark", None)
+    problem = getattr(e, "problem", None) or str(e).strip().splitlines()[0]
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else problem
 
 
 def _type_name(hint: Any) -> str:
@@ -190,7 +212,7 @@ def flatten(cls: type, mapping: dict[str, Any], source: str, prefix: str = "") -
             try:
                 value = yaml.safe_load(value)
             except yaml.YAMLError as e:
-                raise ValueError(f"{source}: {prefix + key}: not valid YAML: {e}") from None
+                raise ValueError(f"{source}: {prefix + key}: not valid YAML ({yaml_problem(e)})") from None
         if sub is not None and not rest and key in legacy and not isinstance(value, dict):
             out.update(flatten(cls, {legacy[key]: value}, source, prefix))  # an old scalar key a section replaced
             continue
@@ -295,7 +317,7 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8-sig")) or {}
     except yaml.YAMLError as e:
-        raise ValueError(f"{path}: not valid YAML: {e}") from None
+        raise ValueError(f"{path}: not valid YAML ({yaml_problem(e)}); fix the recipe") from None
     except UnicodeDecodeError as e:
         raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); save the recipe as UTF-8") from None
     if not isinstance(data, dict):
@@ -433,9 +455,17 @@ def _mapping_overrides(classes: list[type], rest: list[str], parser: argparse.Ar
         try:
             out[key] = yaml.safe_load(text)
         except yaml.YAMLError as e:
-            parser.error(f"argument --{key}: not valid YAML: {e}")
+            parser.error(f"argument --{key}: not valid YAML ({yaml_problem(e)})")
         i += 1
     return out
+
+
+class ShortErrorParser(argparse.ArgumentParser):
+    """argparse whose usage errors are two lines, the error and where the options are listed, not the usage of
+    every flag (60 lines for `simplan eval`) above the one line that matters."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n{self.prog}: `{self.prog} --help` lists every option\n")
 
 
 def parse_config(
@@ -449,7 +479,7 @@ def parse_config(
 
     Returns one instance per class, plus the argparse Namespace of `extra` arguments last when `extra` is given.
     """
-    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser = ShortErrorParser(prog=prog, description=description)
     parser.add_argument("--config", default=None, help="YAML recipe whose keys set defaults for the flags below")
     _owners(classes)  # refuses two classes that define one key
     for cls in classes:

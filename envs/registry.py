@@ -27,8 +27,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from simplan.core.errors import UsageError
 from simplan.envs.base import Env
-from simplan.envs.limits import LimitedEnv, make_limited
+from simplan.envs.limits import LimitedEnv, enforces_step_timeout, make_limited
 
 ENTRY_POINT_GROUP = "simplan.envs"
 # name -> "module:factory". Imported lazily so listing envs needs no JVM and no optional package.
@@ -42,7 +43,7 @@ _REGISTERED: dict[str, Callable[..., Env]] = {}
 _REQUIRED = ("tasks", "reset", "step", "expert_plan", "parse_action", "close")
 
 
-class UnknownEnvError(LookupError):
+class UnknownEnvError(UsageError, LookupError):
     """An env name or `module:Class` spec that names no environment; the message says what to do."""
 
 
@@ -82,14 +83,44 @@ def make_env(name: str, **kwargs: Any) -> LimitedEnv:
     (envs/limits.py); an adapter that takes `step_timeout` itself (BFCL) receives it instead.
     Raises UnknownEnvError for a name or spec that does not resolve (the message says what to do).
     """
-    env = make_limited(resolve(name), kwargs)
+    factory = resolve(name)
+    _check_arguments(factory, name, kwargs)
+    env = make_limited(factory, kwargs)
     if not isinstance(env.unwrapped, Env):  # a factory function may return anything
         made = type(env.unwrapped).__name__
-        env.close()
+        if callable(getattr(env.unwrapped, "close", None)):
+            env.close()
         raise UnknownEnvError(
-            f"env {name!r} made a {made}, which does not implement envs.base.Env (name, {', '.join(_REQUIRED)})"
+            f"env {name!r} returned an object of type {made}, which does not implement envs.base.Env "
+            f"(name, {', '.join(_REQUIRED)})"
         )
     return env
+
+
+def _check_arguments(factory: Callable[..., Env], name: str, kwargs: dict[str, Any]) -> None:
+    """Refuse a factory that cannot take `kwargs` (`json:loads` needs a positional argument) with an error that says
+    so, instead of a TypeError from the call; a TypeError inside a factory that does take them is left as it is."""
+    own = {k: v for k, v in kwargs.items() if k != "max_observation_chars"}  # the limits' own keys, not the adapter's
+    if not enforces_step_timeout(factory):
+        own.pop("step_timeout", None)
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):  # no signature to read (some builtins): let the call decide
+        return
+    try:
+        signature.bind(**own)
+    except TypeError as e:
+        given = ", ".join(own) or "no arguments"
+        raise UnknownEnvError(
+            f"env {name!r}: {_qualified(factory)} cannot be made with {given} ({e}); "
+            "an env factory takes keyword arguments only (the env's kwargs setting), e.g. a class implementing "
+            "envs.base.Env"
+        ) from None
+
+
+def _qualified(factory: Callable[..., Any]) -> str:
+    module, qualname = getattr(factory, "__module__", None), getattr(factory, "__qualname__", None)
+    return f"{module}.{qualname}" if module and qualname else repr(factory)
 
 
 def resolve(name: str) -> Callable[..., Env]:

@@ -21,10 +21,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from simplan.core.errors import UsageError
+
 LOCK = "eval.lock"
 
 
-class FolderLockedError(RuntimeError):
+class FolderLockedError(UsageError, RuntimeError):
     """Another process is writing the run folder."""
 
 

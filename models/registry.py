@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from simplan.core.errors import UsageError
 from simplan.core.io import atomic_dir
 
 
@@ -64,8 +65,8 @@ REGISTRY: dict[str, ModelSpec] = {
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
 
-class ModelNotFoundError(FileNotFoundError):
-    pass
+class ModelNotFoundError(UsageError, FileNotFoundError):
+    """A model name that is no local folder, registry name or hub id; the message lists what was tried."""
 
 
 def cache_dir() -> Path:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import sys
 
 from simplan.core.config import parse_config
+from simplan.core.io import check_output_folder
 from simplan.data.build import BuildConfig, build
 from simplan.data.build_inputs import FoldLeakError, MalformedInputError
 from simplan.data.build_stats import stats_markdown
@@ -26,6 +27,8 @@ MAX_PRINTED_PROBLEMS = 20
 
 def main(argv: list[str] | None = None) -> int:
     (cfg,) = parse_config([BuildConfig], argv, description=__doc__.split("\n")[0], prog="simplan build")
+    if cfg.out:
+        check_output_folder(cfg.out)
     try:
         result = build(cfg)
     except (FileNotFoundError, FoldLeakError, MalformedInputError, UnknownEnvError) as e:

@@ -10,6 +10,10 @@ slows training and evaluation in proportion instead of collapsing them (2 torch 
 next to one busy single-threaded job: ~8 s -> ~50 s per training step with spinning threads).
 bench/bench_under_load.py measures it. `simplan serve` is left alone: vLLM pins its threads to the
 cores it owns, where spinning is what it wants. Export OMP_WAIT_POLICY=ACTIVE to get spinning back.
+
+Errors are caught once, here: a `UsageError` (core/errors.py: a flag, a path or an input that cannot work)
+exits 2 with its message; Ctrl-C exits 130; any other exception exits 1 with one line and the path of a file
+that holds the full traceback. `simplan --debug COMMAND ...` (or SIMPLAN_DEBUG=1) prints the traceback instead.
 """
 
 from __future__ import annotations
@@ -17,7 +21,13 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import tempfile
+import time
+import traceback
 from collections.abc import MutableMapping
+from pathlib import Path
+
+from simplan.core.errors import UsageError
 
 # subcommand -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -62,14 +72,20 @@ def set_openmp_defaults(command: str, environ: MutableMapping[str, str] = os.env
 
 def usage() -> str:
     width = max(map(len, COMMANDS))
-    lines = ["usage: simplan <command> [options]", "", "commands:"]
+    lines = ["usage: simplan [--debug] <command> [options]", "", "commands:"]
     lines += [f"  {name:<{width}}  {help_}" for name, (_, help_) in COMMANDS.items()]
-    lines += ["", "Run `simplan <command> --help` for a command's options."]
+    lines += [
+        "",
+        "Run `simplan <command> --help` for a command's options; --debug (or SIMPLAN_DEBUG=1) prints tracebacks.",
+    ]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    debug = os.environ.get("SIMPLAN_DEBUG", "") not in ("", "0")
+    if argv[:1] == ["--debug"]:
+        debug, argv = True, argv[1:]
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(usage())
         return 0
@@ -78,8 +94,49 @@ def main(argv: list[str] | None = None) -> int:
         print(f"simplan: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
         return 2
     set_openmp_defaults(name)
-    module = importlib.import_module(COMMANDS[name][0])
-    return int(module.main(rest) or 0)
+    prog = f"simplan {name}"
+    try:
+        module = importlib.import_module(COMMANDS[name][0])
+        return int(module.main(rest) or 0)
+    except UsageError as e:
+        if debug:
+            traceback.print_exc()
+        print(f"{prog}: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"\n{prog}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # the one place an unexpected error is caught: one line, the traceback kept
+        if debug:
+            traceback.print_exc()
+            print(f"{prog}: failed: {one_line(e)}", file=sys.stderr)
+            return 1
+        saved = save_traceback(name)
+        where = f"the traceback is in {saved}" if saved else "the traceback could not be saved"
+        print(
+            f"{prog}: failed: {one_line(e)}\n{prog}: {where}; `simplan --debug {name} ...` prints it", file=sys.stderr
+        )
+        return 1
+
+
+def one_line(e: BaseException) -> str:
+    """`e` as "Type: first line of its message", at most 300 characters."""
+    text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    text = f"{type(e).__name__}: {text}" if text else type(e).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def save_traceback(command: str) -> Path | None:
+    """Write the exception being handled to a file in the system's temporary folder; its path, None if unwritable."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    try:
+        fd, path = tempfile.mkstemp(prefix=f"simplan-{command}-{stamp}-", suffix=".traceback.txt")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(f"simplan {command}: {time.strftime('%Y-%m-%d %H:%M:%S')}, pid {os.getpid()}\n")
+            traceback.print_exc(file=f)
+    except OSError:
+        return None
+    return Path(path)
 
 
 if __name__ == "__main__":

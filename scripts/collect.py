@@ -17,12 +17,14 @@ from __future__ import annotations
 import sys
 
 from simplan.core.config import parse_config
+from simplan.core.io import check_output_file
 from simplan.data.collect import CollectConfig, collect
 from simplan.envs.registry import UnknownEnvError
 
 
 def main(argv: list[str] | None = None) -> int:
     (cfg,) = parse_config([CollectConfig], argv, description=__doc__.split("\n")[0], prog="simplan collect")
+    check_output_file(cfg.out)
     try:
         report = collect(cfg)
     except (UnknownEnvError, ImportError) as e:  # checked before any episode runs: nothing was written

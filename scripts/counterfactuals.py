@@ -17,6 +17,7 @@ from __future__ import annotations
 import sys
 
 from simplan.core.config import parse_config
+from simplan.core.io import check_output_file
 from simplan.data.counterfactual import CounterfactualConfig, collect_counterfactuals
 from simplan.envs.registry import UnknownEnvError
 
@@ -25,6 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     (cfg,) = parse_config(
         [CounterfactualConfig], argv, description=__doc__.split("\n")[0], prog="simplan counterfactuals"
     )
+    check_output_file(cfg.out)
     try:
         report = collect_counterfactuals(cfg)
     except (FileNotFoundError, UnknownEnvError) as e:  # checked before anything runs: nothing was written

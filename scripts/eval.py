@@ -30,6 +30,7 @@ import sys
 from pathlib import Path
 
 from simplan.core.config import parse_config
+from simplan.core.io import check_output_folder
 from simplan.envs.registry import UnknownEnvError
 from simplan.evaluation.folder_lock import FolderLockedError, check_unlocked
 from simplan.evaluation.report_data import load_run_data
@@ -46,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     engine_info = {"engine": engine_cfg.engine, "model": engine_cfg.model, "adapters": engine_cfg.adapters}
     if engine_cfg.engine in MODEL_FREE_KINDS:  # no model: --model and --adapters change nothing, so record none
         engine_info.update(model="", adapters="")
+    check_output_folder(eval_cfg.out)  # before minutes of engine loading, as the lock below
     try:
         check_unlocked(Path(eval_cfg.out))  # before minutes of engine loading; evaluate() holds the lock
     except FolderLockedError as e:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import sys
 
 from simplan.core.config import parse_config
+from simplan.core.io import check_output_folder
 from simplan.evaluation.offline import EvalModelConfig
 
 
@@ -26,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
         description="Offline decider/simulator metrics on a dataset fold.",
         prog="simplan eval-model",
     )
+    check_output_folder(cfg.out_dir())
     from simplan.evaluation.offline import evaluate
 
     try:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import sys
 
 from simplan.core.config import parse_config
+from simplan.core.io import check_output_folder
 from simplan.evaluation.judge_fit import FitJudgeConfig
 from simplan.inference.engines import EngineConfig, engine_from_config
 
@@ -22,6 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg, engine_cfg = parse_config(
         [FitJudgeConfig, EngineConfig], argv, description=__doc__.split("\n")[0], prog="simplan fit-judge"
     )
+    check_output_folder(cfg.out)  # before the engine loads
     from simplan.evaluation.judge_fit import fit_judge
 
     engine = engine_from_config(engine_cfg)

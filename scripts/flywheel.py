@@ -17,12 +17,14 @@ from __future__ import annotations
 import sys
 
 from simplan.core.config import parse_config
+from simplan.core.io import check_output_folder
 from simplan.scripts.pipeline import run_to_end
 from simplan.workflows.flywheel import Flywheel, FlywheelConfig
 
 
 def main(argv: list[str] | None = None) -> int:
     (cfg,) = parse_config([FlywheelConfig], argv, description=__doc__.split("\n")[0], prog="simplan flywheel")
+    check_output_folder(cfg.out)
     return run_to_end(Flywheel(cfg), "simplan flywheel")
 
 

@@ -15,6 +15,7 @@ import argparse
 import sys
 
 from simplan.core.config import parse_config
+from simplan.core.io import check_output_file
 from simplan.data.importers import ImportConfig, import_file
 
 
@@ -26,6 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg, args = parse_config(
         [ImportConfig], argv, description=__doc__.split("\n")[0], prog="simplan import", extra=_positional
     )
+    if cfg.out:
+        check_output_file(cfg.out)
     try:
         report = import_file(args.file, cfg)
     except FileNotFoundError as e:

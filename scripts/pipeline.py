@@ -19,12 +19,14 @@ from __future__ import annotations
 import sys
 
 from simplan.core.config import parse_config
+from simplan.core.io import check_output_folder
 from simplan.workflows.pipeline import Pipeline, PipelineConfig
 from simplan.workflows.pipeline_stages import StageFailed
 
 
 def main(argv: list[str] | None = None) -> int:
     (cfg,) = parse_config([PipelineConfig], argv, description=__doc__.split("\n")[0], prog="simplan pipeline")
+    check_output_folder(cfg.out)
     return run_to_end(Pipeline(cfg), "simplan pipeline")
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from simplan.core.io import check_output_folder
 from simplan.evaluation.report import write_report
 
 
@@ -21,6 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="folder for report.md, report.html and plots/")
     parser.add_argument("--title", default="simplan evaluation report", help="report title")
     args = parser.parse_args(argv)
+    check_output_folder(args.out)
     try:
         paths = write_report(args.runs, args.out, title=args.title)
     except (ValueError, FileNotFoundError) as e:

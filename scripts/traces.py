@@ -15,11 +15,14 @@ from __future__ import annotations
 import sys
 
 from simplan.core.config import parse_config
+from simplan.core.io import check_output_file
 from simplan.workflows.harvest import TracesConfig, harvest
 
 
 def main(argv: list[str] | None = None) -> int:
     (cfg,) = parse_config([TracesConfig], argv, description=__doc__.split("\n")[0], prog="simplan traces")
+    if cfg.out:
+        check_output_file(cfg.out)
     try:
         report = harvest(cfg)
     except FileNotFoundError as e:

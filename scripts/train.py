@@ -13,6 +13,7 @@ from __future__ import annotations
 import sys
 
 from simplan.core.config import parse_config
+from simplan.core.io import check_output_folder
 from simplan.training.config import DataArguments, LoraArguments, ModelArguments, TrainArguments
 
 
@@ -23,6 +24,7 @@ def main(argv: list[str] | None = None) -> int:
         description="LoRA-train a decider or simulator adapter on a dataset from `simplan build`.",
         prog="simplan train",
     )
+    check_output_folder(train_args.output_dir, "--output_dir")
     from simplan.training.trainer import train  # heavy imports only once the flags parsed
 
     try:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from simplan.core.io import check_output_file
 from simplan.data.validate import validate_files
 
 
@@ -28,6 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if (args.out or args.rejects) and not args.keep_going:
         parser.error("--out/--rejects only apply with --keep-going")
+    for flag, path in (("--out", args.out), ("--rejects", args.rejects)):
+        if path:
+            check_output_file(path, flag)
     try:
         report = validate_files(args.files, out_path=args.out, rejects_path=args.rejects, keep_going=args.keep_going)
     except (FileNotFoundError, ValueError) as e:
