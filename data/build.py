@@ -47,7 +47,13 @@ from typing import Any
 from simplan.core.config import comma_list
 from simplan.core.io import atomic_dir, write_json, write_jsonl, write_text
 from simplan.data import format as fmt
-from simplan.data.build_inputs import check_folds, expand_inputs, load_trajectories, refuse_malformed
+from simplan.data.build_inputs import (
+    MAX_CHARS_PER_TOKEN,
+    check_folds,
+    expand_inputs,
+    load_trajectories,
+    refuse_malformed,
+)
 from simplan.data.build_rows import (
     build_rows,
     conversation_features,
@@ -293,7 +299,8 @@ def build(cfg: BuildConfig, tokenizer: Any = None) -> BuildResult:
 
         tokenizer = load_tokenizer(cfg.model)
     t0 = time.perf_counter()  # tokenizer loading (imports transformers) is timed apart
-    loaded = load_trajectories(files, include_errored=cfg.include_errored)
+    max_chars = max(cfg.max_prompt_tokens, cfg.max_completion_tokens) * MAX_CHARS_PER_TOKEN
+    loaded = load_trajectories(files, include_errored=cfg.include_errored, max_chars=max_chars)
     if loaded.malformed_lines and not cfg.keep_going:
         refuse_malformed(loaded, files)
     check_folds(loaded.trajectories)

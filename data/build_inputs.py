@@ -13,20 +13,27 @@ from __future__ import annotations
 
 import glob
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from simplan.core.errors import EmptyInputError, UsageError
+from simplan.core.io import has_lines
 from simplan.data.trajectory import Trajectory
 from simplan.data.validate import read_trajectory_lines
+from simplan.envs.limits import cap_text
 
 MAX_REPORTED_PROBLEMS = 50
+# Characters of text a token stands for at most, in the budget that caps observations at read time: English
+# averages ~4 per token, so text past budget x 8 characters could never fit the prompt (or the completion) and
+# would only cost memory (a 50 MB observation took 3 GB to tokenize before it was dropped).
+MAX_CHARS_PER_TOKEN = 8
 
 
-class FoldLeakError(ValueError):
+class FoldLeakError(UsageError, ValueError):
     """A task appears in more than one fold: evaluation on it would be contaminated."""
 
 
-class MalformedInputError(ValueError):
+class MalformedInputError(UsageError, ValueError):
     """Input lines that are not valid trajectories (without `keep_going`); the message names each FILE:LINE."""
 
 
@@ -47,6 +54,9 @@ def expand_inputs(inputs: list[str]) -> list[Path]:
         if not found:
             raise FileNotFoundError(f"input {item!r}: no such file, or a folder/glob with no .jsonl files")
         files += [f for f in found if f not in files]
+    empty = [str(f) for f in files if not has_lines(f)]
+    if empty:
+        raise EmptyInputError(f"input {', '.join(empty)}: empty (no line to read); give trajectory JSONL files")
     return files
 
 
@@ -56,15 +66,19 @@ class Loaded:
     problems: list[str] = field(default_factory=list)  # "FILE:LINE: field: problem"
     malformed_lines: int = 0
     skipped: Counter = field(default_factory=Counter)  # reason -> trajectories skipped
+    capped_steps: int = 0  # steps (or initial observations) with a text cut to `max_chars`
+    max_chars: int = 0  # the cap (0: none)
 
 
-def load_trajectories(files: list[Path], include_errored: bool = False) -> Loaded:
+def load_trajectories(files: list[Path], include_errored: bool = False, max_chars: int = 0) -> Loaded:
     """Read and check every line as `simplan validate` does; a bad line is reported as FILE:LINE and skipped.
 
     Bad lines: those validate rejects, and a trajectory id seen earlier with different content (the
     first one is kept). The same record twice is only counted (`skipped.duplicate_trajectory_id`).
+    Observations and action texts longer than `max_chars` (0: no cap) are cut as they are read, with the
+    note an env's own cap leaves (envs/limits.py), so one huge line does not hold its text through the build.
     """
-    loaded = Loaded()
+    loaded = Loaded(max_chars=max_chars)
     for line in read_trajectory_lines(files):
         problems = list(line.problems)
         if line.duplicate_of is not None and not line.same_content:
@@ -79,8 +93,32 @@ def load_trajectories(files: list[Path], include_errored: bool = False) -> Loade
         elif traj.status == "errored" and not include_errored:
             loaded.skipped["errored_trajectory"] += 1
         else:
+            loaded.capped_steps += cap_trajectory(traj, max_chars)
             loaded.trajectories.append(traj)
     return loaded
+
+
+def cap_trajectory(traj: Trajectory, max_chars: int) -> int:
+    """Cut every observation and action text of `traj` to `max_chars` in place; how many steps were cut."""
+    if not max_chars:
+        return 0
+    capped = 0
+    if len(traj.initial_observation) > max_chars:
+        traj.initial_observation = cap_text(traj.initial_observation, max_chars)
+        capped += 1
+    for step in traj.steps:
+        texts = [step.observation, step.next_observation, step.action.text or ""]
+        texts += [a.next_observation for a in step.alternatives]
+        if max(map(len, texts)) <= max_chars:
+            continue
+        capped += 1
+        step.observation = cap_text(step.observation, max_chars)
+        step.next_observation = cap_text(step.next_observation, max_chars)
+        if step.action.text:
+            step.action = replace(step.action, text=cap_text(step.action.text, max_chars))
+        for alt in step.alternatives:
+            alt.next_observation = cap_text(alt.next_observation, max_chars)
+    return capped
 
 
 def refuse_malformed(loaded: Loaded, files: list[Path]) -> None:

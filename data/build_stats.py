@@ -45,6 +45,7 @@ def stats_markdown(stats: dict[str, Any]) -> str:
         f"- built in {stats['seconds']['total']:.1f} s (tokenizing and fitting {stats['seconds']['tokenize']:.1f} s; "
         f"loading the tokenizer took {stats['seconds']['tokenizer']:.1f} s more)",
         *_oversample_line(stats.get("oversampled")),
+        *_capped_line(stats.get("capped")),
         "",
         "| fold | examples | deduplicated | prompt p50 / p90 / p99 / max | completion p50 / p90 / p99 / max |",
         "|---|---:|---:|---|---|",
@@ -71,6 +72,12 @@ def stats_markdown(stats: dict[str, Any]) -> str:
     if stats["problems"]:
         lines += ["", "Malformed input (first ones):", ""] + [f"- `{p}`" for p in stats["problems"][:10]]
     return "\n".join(lines) + "\n"
+
+
+def _capped_line(capped: dict[str, int] | None) -> list[str]:
+    if not capped or not capped["steps"]:
+        return []
+    return [f"- steps whose text was cut at read time to {capped['max_chars']:,} characters: {capped['steps']}"]
 
 
 def _oversample_line(oversampled: dict[str, Any] | None) -> list[str]:
@@ -143,6 +150,7 @@ def dataset_stats(
             "used": len(loaded.trajectories),
         },
         "malformed_lines": loaded.malformed_lines,
+        "capped": {"max_chars": loaded.max_chars, "steps": loaded.capped_steps},
         "problems": loaded.problems[:MAX_REPORTED_PROBLEMS],
         "examples": {
             "total": len(all_rows),

@@ -26,7 +26,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from simplan.core.io import atomic_open, iter_jsonl_lines
+from simplan.core.errors import EmptyInputError
+from simplan.core.io import JsonProblem, atomic_open, has_lines, iter_jsonl_lines, parse_json
 from simplan.data.trajectory import InvalidRecord, Trajectory
 
 
@@ -59,11 +60,9 @@ class TrajectoryLine:
 def parse_line(text: str) -> tuple[Trajectory | None, list[str], dict | None]:
     """(trajectory or None, problems as 'field: problem', the decoded record or None) for one line."""
     try:
-        record = json.loads(text)
-    except json.JSONDecodeError as e:
-        return None, [f"(json): not valid JSON ({e.msg} at column {e.colno})"], None
-    except (ValueError, RecursionError) as e:  # an integer too long to convert, nesting deeper than the stack
-        return None, [f"(json): not readable ({type(e).__name__}: {str(e)[:120]})"], None
+        record = parse_json(text)  # NaN passes here so the schema names its field ("steps[0].score: nan ...")
+    except JsonProblem as e:
+        return None, [f"(json): {e}"], None
     try:
         return Trajectory.from_dict(record), [], record
     except InvalidRecord as e:
@@ -158,6 +157,9 @@ def validate_files(
     missing = [str(p) for p in paths if not Path(p).is_file()]
     if missing:
         raise FileNotFoundError(f"no such file: {', '.join(missing)}")
+    empty = [str(p) for p in paths if not has_lines(p)]
+    if empty:
+        raise EmptyInputError(f"{', '.join(empty)}: empty (no line to read); give a file of trajectory JSONL lines")
     if keep_going:
         default_out, default_rejects = default_outputs(paths[0])
         out_path, rejects_path = Path(out_path or default_out), Path(rejects_path or default_rejects)

@@ -360,7 +360,7 @@ CORRUPTIONS = {
         "(encoding): not UTF-8 at byte",
     ),
     "torn_json": (lambda raw, first: raw[: len(raw) // 2] + b"\n", "(json): not valid JSON"),
-    "deep_nesting": (lambda raw, first: b"[" * 100_000 + b"\n", "(json): not readable (RecursionError"),
+    "deep_nesting": (lambda raw, first: b"[" * 100_000 + b"\n", "(json): not readable (nested deeper than 100 levels"),
     "int_action_text": (_edit(lambda r: _set_action(r, text=7)), "steps[0].action.text: expected a string or null"),
     "argument_list": (
         _edit(lambda r: _set_action(r, kind="tool_call", name="go", arguments=["east"])),
@@ -443,3 +443,35 @@ def test_the_same_episode_collected_twice_is_the_same_record(tmp_path, tokenizer
     src.write_text(json.dumps(first) + "\n" + lines[1] + json.dumps(again) + "\n")
     with pytest.raises(MalformedInputError, match="with different content"):
         build(_cfg(tmp_path, [src], model_dir), tokenizer=tokenizer)
+
+
+def test_a_huge_observation_is_capped_at_read_time_in_bounded_memory(tmp_path, model_dir):
+    """A 50 MB observation (an imported transcript, a hand-written record) is cut to a character budget derived
+    from the token budgets before anything tokenizes it, counted in stats, and the build's peak memory stays far
+    from the 3 GB that tokenizing it took. Measured in a child process, so the test process's own peak is apart."""
+    import subprocess
+    import sys
+
+    src = tmp_path / "huge.jsonl"
+    trajs = write_toy(src, {"train": 2}, noisy=False)
+    huge = trajs[0].to_dict()
+    huge["id"] += "-huge"
+    huge["steps"][0]["observation"] = "word " * 10_000_000  # 50 MB
+    with src.open("a", encoding="utf-8") as f:
+        f.write(json.dumps(huge) + "\n")
+    del huge
+    script = f"""
+import json, resource
+from simplan.data.build import BuildConfig, build
+res = build(BuildConfig(inputs=[{str(src)!r}], out={str(tmp_path / "out")!r}, model={model_dir!r},
+                        role="decider", format="step", progress=False))
+peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(json.dumps({{"capped": res.stats["capped"], "peak_mb": peak_mb}}))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["capped"] == {"max_chars": 1024 * 8, "steps": 1}
+    assert report["peak_mb"] < 1000, report  # 630 MB measured (imports included); 3 GB before the cap
+    md = (tmp_path / "out" / "stats.md").read_text()
+    assert "cut at read time to 8,192 characters: 1" in md
