@@ -20,7 +20,7 @@ datasets = pytest.importorskip("datasets")
 
 from simplan.data.format import decider_messages, state_from_steps  # noqa: E402
 from simplan.models.tiny import tiny_model  # noqa: E402
-from simplan.training.checkpoints import last_checkpoint  # noqa: E402
+from simplan.training.checkpoints import checkpoint_problem, last_checkpoint  # noqa: E402
 from simplan.training.completion_trainer import completion_loss  # noqa: E402
 from simplan.training.config import DataArguments, LoraArguments, ModelArguments, TrainArguments  # noqa: E402
 from simplan.training.examples import (  # noqa: E402
@@ -505,10 +505,36 @@ def test_resume_skips_a_torn_checkpoint_and_logs_no_step_twice(
     capsys.readouterr()
     again = train(*args)
     err = capsys.readouterr().err
-    assert "checkpoint-4 is incomplete (no trainer_state.json): resuming from checkpoint-2" in err
+    assert (
+        "checkpoint-4 is incomplete (no trainer_state.json), moved to torn-checkpoint-4: resuming from checkpoint-2"
+        in err
+    )
     assert again.metrics["resumed_from"] == str(out / "checkpoint-2") and again.metrics["global_step"] == 4
     assert _logged_steps(out) == ([1, 2, 3, 4], [4])  # each step once; the first run's summary went with its steps
     assert last_checkpoint(out) == str(out / "checkpoint-4")  # written whole this time
+
+
+@pytest.mark.parametrize("torn", ["adapter_model.safetensors", "optimizer.pt"])
+def test_resume_falls_back_past_a_checkpoint_file_cut_in_half(
+    torn: str, tiny: Path, dataset_dir: Path, tmp_path: Path, capsys
+) -> None:
+    """What a SIGKILL or a full disk during `torch.save` leaves: every file there, one of them half written. The
+    rerun resumed from it and crashed (SafetensorError, PytorchStreamReader failed) on every try."""
+    out = tmp_path / "run"
+    args = _args(tiny, dataset_dir, out, max_steps=4, save_steps=2, eval_steps=0)
+    train(*args)
+    path = out / "checkpoint-4" / torn
+    os.truncate(path, path.stat().st_size // 2)
+    assert checkpoint_problem(out / "checkpoint-2") is None and "is cut short" in checkpoint_problem(path.parent)
+    capsys.readouterr()
+    again = train(*args)
+    err = capsys.readouterr().err
+    assert f"checkpoint-4 is incomplete ({torn} is cut short" in err, err
+    assert "moved to torn-checkpoint-4: resuming from checkpoint-2" in err
+    assert again.metrics["resumed_from"] == str(out / "checkpoint-2") and again.metrics["global_step"] == 4
+    assert (out / "torn-checkpoint-4" / torn).is_file()  # kept for a look, out of the way of the new save
+    assert _logged_steps(out) == ([1, 2, 3, 4], [4])  # no step logged twice
+    assert last_checkpoint(out) == str(out / "checkpoint-4")
 
 
 def test_a_copied_run_folder_resumes(tiny: Path, dataset_dir: Path, tmp_path: Path) -> None:
