@@ -33,18 +33,26 @@ Steps are recorded as `source: "expert"` (the transcript is the demonstration to
 policy is "imported", and success is unknown unless the line says `"success": true` (the line's
 `id`, if a string, becomes the task id; else FILE-stem-LINE). System messages are kept in
 `meta.system`; nothing in a transcript is executed.
+
+A line that cannot be converted (torn JSON, nesting deeper than core/io.py MAX_JSON_DEPTH in the line or in an
+`arguments` string, an integer too long to read, a `success` that is not true or false, a schema problem) is
+reported as FILE:LINE: reason and kept aside, byte for byte, in OUT's `.rejects.jsonl` sibling; the good
+conversations are written all the same. Observations and action texts longer than an env's own cap
+(envs/limits.py DEFAULT_MAX_OBSERVATION_CHARS) are cut with its note and counted. An empty input is an error.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from simplan.core.io import iter_jsonl_lines, write_jsonl
+from simplan.core.errors import EmptyInputError
+from simplan.core.io import JsonProblem, atomic_open, has_lines, iter_jsonl_lines, parse_json, write_jsonl
+from simplan.data.build_inputs import cap_trajectory
 from simplan.data.trajectory import Step, Trajectory, validate_record
 from simplan.envs.base import FOLDS, Action, Task
+from simplan.envs.limits import DEFAULT_MAX_OBSERVATION_CHARS
 
 FORMATS = ("openai", "sharegpt")
 IMPORTED_POLICY = "imported"
@@ -109,6 +117,8 @@ class ImportReport:
     trajectories: list[Trajectory] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  # "FILE:LINE: reason"
     out: str = ""
+    rejects: str = ""  # the bad lines, byte for byte (written only when there are some)
+    capped_steps: int = 0  # steps whose observation or action text was cut to DEFAULT_MAX_OBSERVATION_CHARS
 
     @property
     def ok(self) -> bool:
@@ -118,6 +128,13 @@ class ImportReport:
         lines = list(self.problems)
         where = f" -> {self.out}" if self.out else ""
         lines.append(f"converted {len(self.trajectories)} conversation(s){where}; {len(self.problems)} line(s) failed")
+        if self.rejects:
+            lines.append(f"the failed lines, as they were -> {self.rejects}")
+        if self.capped_steps:
+            lines.append(
+                f"{self.capped_steps} step(s) had a text over {DEFAULT_MAX_OBSERVATION_CHARS:,} characters, "
+                "cut with a note"
+            )
         return "\n".join(lines)
 
 
@@ -145,10 +162,7 @@ def _arguments(value: Any, where: str) -> dict[str, Any]:
     if value is None or value == "":
         return {}
     if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as e:
-            raise ConversionError(f"{where}: not valid JSON ({e.msg} at character {e.pos + 1})") from None
+        value = _json(value, where)
     if not isinstance(value, dict):
         raise ConversionError(f"{where}: expected a JSON object of names to values, got {type(value).__name__}")
     return value
@@ -211,11 +225,16 @@ def sharegpt_messages(record: Any) -> tuple[list[Message], Any]:
             out.append(Message(SHAREGPT_ROLES[sender], text, where=where))
     tools = record.get("tools")
     if isinstance(tools, str):  # LLaMA-Factory and ToolACE keep the tool list as JSON text
-        try:
-            tools = json.loads(tools) if tools.strip() else None
-        except json.JSONDecodeError as e:
-            raise ConversionError(f"tools: not valid JSON ({e.msg} at character {e.pos + 1})") from None
+        tools = _json(tools, "tools") if tools.strip() else None
     return out, tools
+
+
+def _json(text: str, where: str) -> Any:
+    """The JSON value an embedded string holds (tool arguments, a tool list), through the guard lines pass."""
+    try:
+        return parse_json(text, unit="character")
+    except JsonProblem as e:
+        raise ConversionError(f"{where}: {e}") from None
 
 
 def _tools(value: Any) -> list[dict[str, Any]] | None:
@@ -334,7 +353,9 @@ def to_trajectory(record: Any, cfg: ImportConfig, task_id: str, source: str) -> 
     if isinstance(fields.get("id"), str) and fields["id"].strip():
         task_id = fields["id"].strip()
     goal = fields["goal"] if isinstance(fields.get("goal"), str) and fields["goal"].strip() else first_user
-    success = fields.get("success") is True
+    success = fields.get("success", False)
+    if not isinstance(success, bool):  # NaN, "yes", 1: unknown is not false
+        raise ConversionError(f"success: expected true or false, got {success!r}; leave it out when unknown")
     system = [m.text for m in messages if m.role == "system" and m.text]
     meta: dict[str, Any] = {"imported_from": source, "format": cfg.format}
     if system:
@@ -367,28 +388,47 @@ def import_file(path: str | Path, cfg: ImportConfig) -> ImportReport:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file (give a JSONL file with one conversation per line)")
+    if not has_lines(path):
+        raise EmptyInputError(f"{path}: empty (no line to read); give a JSONL file with one conversation per line")
     report = ImportReport(out=cfg.out or str(default_out(path)))
     seen: dict[str, int] = {}
+    rejected: list[bytes] = []
     for line in iter_jsonl_lines(path):
         where = f"{path}:{line.lineno}"
         try:
             if line.text is None:
                 raise ConversionError(line.problem or "not UTF-8")
             try:
-                record = json.loads(line.text)
-            except json.JSONDecodeError as e:
-                raise ConversionError(f"not valid JSON ({e.msg} at character {e.pos + 1})") from None
+                record = parse_json(line.text)
+            except JsonProblem as e:
+                raise ConversionError(str(e)) from None
             traj = to_trajectory(record, cfg, f"{path.stem}-{line.lineno}", where)
             if traj.id in seen:
                 raise ConversionError(f"id: {traj.task.task_id!r} was used before, at {path}:{seen[traj.id]}")
         except ConversionError as e:
             report.problems.append(f"{where}: {e}")
+            if line.raw:  # a line over the size limit was never held, so it cannot be kept
+                rejected.append(line.raw if line.raw.endswith(b"\n") else line.raw + b"\n")
             continue
         seen[traj.id] = line.lineno
+        report.capped_steps += cap_trajectory(traj, DEFAULT_MAX_OBSERVATION_CHARS)
         report.trajectories.append(traj)
     write_jsonl(report.out, (t.to_dict() for t in report.trajectories))
+    rejects = rejects_path(Path(report.out))
+    if rejected:
+        report.rejects = str(rejects)
+        with atomic_open(rejects, "wb") as f:
+            f.writelines(rejected)
+    elif rejects.exists():
+        rejects.unlink()  # an earlier import's rejects: this one had none
     return report
 
 
 def default_out(path: Path) -> Path:
     return path.with_name(f"{path.stem}.trajectories.jsonl")
+
+
+def rejects_path(out: Path) -> Path:
+    """Where the lines that failed go: `X.jsonl` -> `X.rejects.jsonl` beside the output."""
+    stem = out.name.removesuffix(".jsonl")
+    return out.with_name(f"{stem}.rejects.jsonl")

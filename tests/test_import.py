@@ -138,6 +138,58 @@ def test_a_bad_line_is_reported_with_file_line_and_the_rest_converts(tmp_path, l
     assert Path(report.out) == tmp_path / "chats.trajectories.jsonl" and validate_file(report.out).ok
 
 
+def test_lines_that_break_the_reader_are_kept_aside_and_the_good_ones_still_written(tmp_path, capsys):
+    """A line nested 10,000 deep, a tool call whose `arguments` string nests that deep, a 5,000-digit integer and a
+    NaN `success` each used to raise out of the import (RecursionError, ValueError) and lose the whole file."""
+    src = tmp_path / "chats.jsonl"
+    good = '{"messages": [{"role": "user", "content": "go"}, {"role": "assistant", "content": "north"}]}'
+    call = {"id": "a", "function": {"name": "f", "arguments": "[" * 10_000}}
+    deep_arguments = json.dumps(
+        {
+            "messages": [
+                {"role": "user", "content": "q"},
+                {"role": "assistant", "tool_calls": [call]},
+                {"role": "tool", "content": "r"},
+            ]
+        }
+    )
+    bad = {
+        2: ("[" * 10_000, "not readable (nested deeper than 100 levels)"),
+        3: (deep_arguments, "messages[1].tool_calls[0].arguments: not readable (nested deeper than 100 levels)"),
+        4: (good.replace('"go"', "9" * 5000), "not readable (an integer of more than 4300 digits)"),
+        5: (good[:-1] + ', "success": NaN}', "success: expected true or false, got nan"),
+    }
+    lines = [good, *(line for line, _ in bad.values()), good.replace("north", "south")]
+    src.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out.jsonl"
+    assert simplan(["import", "--format", "openai", str(src), "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    for lineno, (_, reason) in bad.items():
+        assert f"{src}:{lineno}: {reason}" in err, err
+    assert "Traceback" not in err and f"-> {tmp_path / 'out.rejects.jsonl'}" in err
+    assert len(out.read_text().splitlines()) == 2 and validate_file(out).ok  # nothing good was lost
+    assert (tmp_path / "out.rejects.jsonl").read_text().splitlines() == lines[1:5]  # the bad ones, as they were
+    assert simplan(["import", "--format", "openai", str(tmp_path / "out.rejects.jsonl"), "--out", str(out)]) == 1
+    blank = tmp_path / "blank.jsonl"
+    blank.write_text("\n  \n")
+    assert simplan(["import", "--format", "openai", str(blank)]) == 2
+    assert f"{blank}: empty (no line to read)" in capsys.readouterr().err
+
+
+def test_an_observation_over_the_env_cap_is_cut_and_counted(tmp_path):
+    from simplan.envs.limits import DEFAULT_MAX_OBSERVATION_CHARS
+
+    src = tmp_path / "chats.jsonl"
+    huge = "x" * (DEFAULT_MAX_OBSERVATION_CHARS * 3)
+    src.write_text(
+        json.dumps({"messages": [{"role": "user", "content": huge}, {"role": "assistant", "content": "ok"}]}) + "\n"
+    )
+    report = import_file(src, ImportConfig(format="openai"))
+    assert report.capped_steps == 2  # the opening observation and the first step's
+    obs = report.trajectories[0].steps[0].observation
+    assert len(obs) < DEFAULT_MAX_OBSERVATION_CHARS + 200 and "more characters cut" in obs
+
+
 def test_the_command_exits_1_on_a_bad_line_and_0_when_all_convert(tmp_path, capsys):
     assert simplan(["import", "--format", "openai", str(OPENAI), "--out", str(tmp_path / "o.jsonl")]) == 1
     assert f"{OPENAI}:3:" in capsys.readouterr().err
