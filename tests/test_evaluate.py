@@ -151,7 +151,7 @@ def test_a_second_ctrl_c_cuts_the_running_episodes_at_their_next_model_call(tmp_
     def press_ctrl_c_twice() -> None:
         started.wait(30)
         os.kill(os.getpid(), signal.SIGINT)
-        time.sleep(0.3)
+        time.sleep(0.5)  # the main thread wakes every 0.1 s (episode_threads.POLL_SECONDS), whichever thread got it
         os.kill(os.getpid(), signal.SIGINT)
 
     presser = threading.Thread(target=press_ctrl_c_twice)
@@ -165,6 +165,40 @@ def test_a_second_ctrl_c_cuts_the_running_episodes_at_their_next_model_call(tmp_
     traces = read_traces(tmp_path / "run" / TRACES)
     assert len(traces) == 2  # the two that had started; the other two were never begun
     assert all(t.end.status == "errored" and "stopped by Ctrl-C" in t.end.error for t in traces)
+
+
+def test_one_ctrl_c_that_reaches_an_episode_thread_stops_the_eval_at_once(tmp_path, capsys) -> None:
+    """The OS may deliver SIGINT to any thread; Python runs the handler in the main thread when that thread next
+    runs, which it never did while blocked in an untimed wait(): nothing happened until every queued episode had
+    played. Now the main thread wakes every POLL_SECONDS: the queued episodes are dropped."""
+    engine = greedy_engine(latency=0.05)
+    caller: list[int] = []
+    started = threading.Event()
+
+    def noting_the_thread(call):
+        def noted(requests):
+            caller.append(threading.get_ident())
+            started.set()
+            return call(requests)
+
+        return noted
+
+    engine.generate, engine.score = noting_the_thread(engine.generate), noting_the_thread(engine.score)
+
+    def press_ctrl_c_in_an_episode_thread() -> None:
+        assert started.wait(30)
+        signal.pthread_kill(caller[0], signal.SIGINT)
+
+    presser = threading.Thread(target=press_ctrl_c_in_an_episode_thread)
+    presser.start()
+    begun = time.perf_counter()
+    with pytest.raises(KeyboardInterrupt):
+        evaluate(_cfg(tmp_path, episodes=4, arms=["reactive"]), engine, concurrency=1)
+    presser.join()
+    assert "eval: stopping; 1 running episode(s) finish and are kept" in capsys.readouterr().err
+    traces = read_traces(tmp_path / "run" / TRACES)
+    assert len(traces) == 1  # the running one finished; the queued were dropped
+    assert time.perf_counter() - begun < 30
 
 
 def test_an_episode_setup_error_stops_the_eval(tmp_path) -> None:
