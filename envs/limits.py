@@ -31,14 +31,16 @@ saying how much was cut (`cap_text`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import multiprocessing
 import signal
+import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -287,6 +289,25 @@ def _serve(conn: Any) -> None:
             conn.send(("error", f"{getattr(fn, '__qualname__', fn)} returned an unpicklable value: {e}"))
 
 
+@contextlib.contextmanager
+def _main_module_hidden() -> Iterator[None]:
+    """Start a spawned child without the parent's `__main__`: spawn runs the parent's main script again in the
+    child (to find functions defined there), and a user script that makes an env at module level, without an
+    `if __name__ == "__main__":` guard, then starts a worker inside the worker, which dies ("bfcl worker process
+    died"). The worker only runs functions of importable modules, so it needs no main script."""
+    main = sys.modules.get("__main__")
+    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if main is not None and k in main.__dict__}
+    if "__spec__" in saved:
+        main.__spec__ = None  # type: ignore[union-attr]
+    if "__file__" in saved:
+        del main.__file__  # type: ignore[union-attr]
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            setattr(main, key, value)
+
+
 class WorkerProcess:
     """A child process that runs module-level functions under a wall-clock limit, killed when one runs over.
 
@@ -318,7 +339,8 @@ class WorkerProcess:
         # daemon: the child is killed when the parent exits normally; if the parent is killed, the
         # child's recv() fails on the closed pipe and it exits by itself.
         process = ctx.Process(target=_serve, args=(child,), name=f"simplan-{self.label}-worker", daemon=True)
-        process.start()
+        with _main_module_hidden():
+            process.start()
         child.close()
         self._process, self._conn = process, parent
         self.starts += 1

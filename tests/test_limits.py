@@ -293,3 +293,22 @@ def test_bfcl_observation_is_capped(bfcl_task):
         assert len(text.split("\n")[0]) == 100
     finally:
         env.close()
+
+
+def test_a_worker_starts_from_a_user_script_without_a_main_guard(tmp_path) -> None:
+    """spawn ran the parent's main script again in the child: a script that starts a worker at module level (as
+    `make_env("bfcl")` does) started one inside the worker, which died ("bfcl worker process died")."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        "import os\n"
+        "from simplan.envs.limits import WorkerProcess\n"
+        "worker = WorkerProcess('probe')\n"
+        "print('ran in a child:', worker.call(os.getpid, timeout=60) != os.getpid())\n"
+        "worker.close()\n"
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "ran in a child: True"
