@@ -231,7 +231,10 @@ class TextWorldExpressEnv(JvmEnvLifecycle):
         if game not in self._seeds:
 
             def read(twx: Any) -> dict[str, list[int]]:
-                self._load(twx, game, self.game_params[game])
+                # The seed lists are the game's, whatever its parameters (hence one cache per game): listed under
+                # the defaults, so a bad parameter is reported by reset, naming the task, not raw from tasks()
+                # when the cache is cold.
+                self._load(twx, game, DEFAULT_GAME_PARAMS[game])
                 return {
                     "train": [int(s) for s in twx.getValidSeedsTrain()],
                     "dev": [int(s) for s in twx.getValidSeedsDev()],
