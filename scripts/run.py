@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from simplan.core.config import parse_config
+from simplan.core.io import check_output_file
 from simplan.envs.base import FOLDS, Env, Task
 from simplan.envs.registry import UnknownEnvError, make_env
 from simplan.inference.engines import EngineConfig, engine_from_config
@@ -128,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     run_cfg, engine_cfg, planner_cfg = parse_config(
         [RunConfig, EngineConfig, PlannerConfig], argv, description=__doc__.split("\n")[0], prog="simplan run"
     )
+    if run_cfg.trace:
+        check_output_file(run_cfg.trace, "--trace")  # before the engine loads, not after the episode ran
     try:
         env = make_env(run_cfg.env, **run_cfg.env_kwargs)
     except (UnknownEnvError, ImportError) as e:

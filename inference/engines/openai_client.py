@@ -57,7 +57,7 @@ class OpenAIEngine:
     ) -> None:
         import openai
 
-        from simplan.models.registry import load_tokenizer
+        from simplan.models.registry import ModelNotFoundError, load_tokenizer
 
         self.model = model
         self.adapters = list(adapters or [])
@@ -70,7 +70,7 @@ class OpenAIEngine:
         try:
             self.tokenizer = load_tokenizer(tokenizer or model)
         except (OSError, ValueError) as e:
-            raise FileNotFoundError(
+            raise ModelNotFoundError(  # the user's to fix (a usage error, exit 2), as a missing --model is
                 f"{BACKEND} backend: cannot load a local tokenizer for {tokenizer or model!r} ({e}); pass "
                 "tokenizer=<local HF folder or registry name> with the served model's tokenizer"
             ) from None
