@@ -134,7 +134,8 @@ def test_a_branch_row_packs_each_branch_as_its_own_conversation_tokenizes(tok) -
         assert [packed["position_ids"][k] for k in idx] == list(range(n, len(alone["input_ids"])))
 
 
-def test_training_on_branch_rows_runs_with_the_tree_mask(tmp_path, tok, counterfactuals) -> None:
+def _train_outcome_simulator(tmp_path, tok, counterfactuals, max_steps: int, batch: int):
+    """Build the outcome dataset from the toy counterfactuals and train a tiny llama on it; the TrainResult."""
     from simplan.models.tiny import tiny_model
     from simplan.training.config import DataArguments, LoraArguments, ModelArguments, TrainArguments
     from simplan.training.trainer import train
@@ -145,14 +146,14 @@ def test_training_on_branch_rows_runs_with_the_tree_mask(tmp_path, tok, counterf
         ),
         tok,
     )
-    result = train(
+    return train(
         ModelArguments(model=str(tiny_model("llama")), dtype="float32"),
         LoraArguments(lora_r=4, lora_alpha=8),
         DataArguments(dataset=str(tmp_path / "ds"), max_length=1024, max_eval_examples=4),
         TrainArguments(
             output_dir=str(tmp_path / "run"),
-            max_steps=2,
-            per_device_train_batch_size=4,
+            max_steps=max_steps,
+            per_device_train_batch_size=batch,
             eval_steps=0,
             save_steps=100,
             logging_steps=1,
@@ -160,6 +161,10 @@ def test_training_on_branch_rows_runs_with_the_tree_mask(tmp_path, tok, counterf
             num_threads=1,
         ),
     )
+
+
+def test_training_on_branch_rows_runs_with_the_tree_mask(tmp_path, tok, counterfactuals) -> None:
+    result = _train_outcome_simulator(tmp_path, tok, counterfactuals, max_steps=2, batch=4)
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     losses = [m["loss"] for m in metrics if "loss" in m]
     assert losses and all(0 < float(x) < 100 for x in losses)
@@ -337,30 +342,8 @@ def test_fit_judge_on_toy_counterfactuals(tmp_path, tok, counterfactuals) -> Non
     from simplan.inference.engines import make_engine
     from simplan.inference.planning.outcomes import OUTCOME_JUDGE_FILE, OutcomeJudge
     from simplan.models.tiny import tiny_model
-    from simplan.training.config import DataArguments, LoraArguments, ModelArguments, TrainArguments
-    from simplan.training.trainer import train
 
-    build(
-        BuildConfig(
-            role="simulator", inputs=[str(counterfactuals)], outcomes=True, out=str(tmp_path / "ds"), progress=False
-        ),
-        tok,
-    )
-    result = train(
-        ModelArguments(model=str(tiny_model("llama")), dtype="float32"),
-        LoraArguments(lora_r=4, lora_alpha=8),
-        DataArguments(dataset=str(tmp_path / "ds"), max_length=1024, max_eval_examples=4),
-        TrainArguments(
-            output_dir=str(tmp_path / "run"),
-            max_steps=1,
-            per_device_train_batch_size=2,
-            eval_steps=0,
-            save_steps=100,
-            logging_steps=1,
-            bf16="false",
-            num_threads=1,
-        ),
-    )
+    result = _train_outcome_simulator(tmp_path, tok, counterfactuals, max_steps=1, batch=2)
     adapter = str(result.adapter_dir)
     engine = make_engine(
         "hf", str(tiny_model("llama")), {"decider": adapter, "simulator": adapter}, dtype="float32", threads=1
