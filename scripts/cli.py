@@ -28,6 +28,7 @@ from collections.abc import MutableMapping
 from pathlib import Path
 
 from simplan.core.errors import UsageError
+from simplan.core.io import describe_os_error
 
 # subcommand -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -120,7 +121,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def one_line(e: BaseException) -> str:
-    """`e` as "Type: first line of its message", at most 300 characters."""
+    """`e` as "Type: first line of its message", at most 300 characters; an OSError in words, with its path
+    ("OSError: runs/x/traces.jsonl: no space left on the device")."""
+    if isinstance(e, OSError) and e.errno is not None:
+        where = f"{e.filename}: " if e.filename else ""
+        return f"{type(e).__name__}: {where}{describe_os_error(e)}"
     text = str(e).strip().splitlines()[0] if str(e).strip() else ""
     text = f"{type(e).__name__}: {text}" if text else type(e).__name__
     return text if len(text) <= 300 else text[:297] + "..."

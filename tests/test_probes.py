@@ -217,6 +217,16 @@ def test_an_unexpected_error_is_one_line_and_a_saved_traceback(tmp_path, capsys,
     assert rc == 1 and "Traceback (most recent call last)" in err and "RuntimeError" in err
 
 
+def test_a_disk_that_fills_during_the_work_is_named_in_words(tmp_path, capsys, monkeypatch):
+    def main(argv: list[str]) -> int:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "runs/eval/x/traces.jsonl")
+
+    monkeypatch.setattr(cli.importlib, "import_module", lambda name: SimpleNamespace(main=main))
+    monkeypatch.setattr(cli.tempfile, "tempdir", str(tmp_path))
+    rc, err = simplan(capsys, "eval")
+    assert rc == 1 and "simplan eval: failed: OSError: runs/eval/x/traces.jsonl: no space left on the device" in err
+
+
 def test_ctrl_c_is_status_130_without_a_traceback(capsys, monkeypatch):
     def main(argv: list[str]) -> int:
         raise KeyboardInterrupt
