@@ -35,9 +35,11 @@ import hashlib
 import json
 import random
 import re
+import typing
 from dataclasses import dataclass, field
 from typing import Any
 
+from simplan.core.config import coerce
 from simplan.envs.base import Action, Env, Observation, StepResult, Task, env_extra
 
 FAULT_KINDS: tuple[str, ...] = ("transient", "tool_error", "perturb")
@@ -89,7 +91,8 @@ class FaultConfig:
         unknown = sorted(set(d) - set(FaultConfig.__dataclass_fields__))
         if unknown:
             raise ValueError(f"faults: unknown key(s) {unknown}; valid: {sorted(FaultConfig.__dataclass_fields__)}")
-        return FaultConfig(**d)
+        hints = typing.get_type_hints(FaultConfig)  # read by type, as a recipe's values are ('1e-1' is a number)
+        return FaultConfig(**{k: coerce(v, hints[k], f"faults.{k}") for k, v in d.items()})
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in FaultConfig.__dataclass_fields__}

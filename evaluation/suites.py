@@ -37,11 +37,13 @@ from __future__ import annotations
 
 import math
 import os
+import typing
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from simplan.core.config import coerce
 from simplan.envs.base import FOLDS, Env, Task, env_extra
 from simplan.envs.registry import make_env
 from simplan.evaluation.faults import FaultConfig
@@ -58,6 +60,7 @@ _ENTRY_KEYS = {
     "env_kwargs",
     "faults",
 }
+_TYPED_KEYS = {"env", "fold", "families", "tasks_per_family", "task_ids", "max_steps", "env_kwargs"}
 _SUITE_KEYS = {"name", "description", "max_steps", "step_cap", "faults", "entries", "tasks_per_family"}
 _DEFAULT_KEYS = ("max_steps", "step_cap", "faults", "tasks_per_family")
 
@@ -153,6 +156,9 @@ def _entry_dict(e: SuiteEntry) -> dict[str, Any]:
     return d
 
 
+_ENTRY_HINTS = typing.get_type_hints(SuiteEntry)
+
+
 def suites_dir() -> Path:
     return Path(os.environ["SIMPLAN_SUITES"]) if os.environ.get("SIMPLAN_SUITES") else SUITES_DIR
 
@@ -203,6 +209,8 @@ def load_suite(name_or_path: str) -> Suite:
         try:
             merged["faults"] = FaultConfig.from_dict(merged.get("faults"))
             merged["step_cap"] = StepCap.from_dict(merged.get("step_cap"))
+            for key in _TYPED_KEYS & set(merged):  # `families: twc` is one family, not three letters
+                merged[key] = coerce(merged[key], _ENTRY_HINTS[key], key)
             entries.append(SuiteEntry(**merged))
         except (TypeError, ValueError) as e:
             raise ValueError(f"{path}: entries[{i}]: {e}") from None

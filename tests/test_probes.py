@@ -81,6 +81,24 @@ def test_recipe_values_are_read_by_the_field_type(tmp_path):
         load_configs([EvalConfig], recipe)
 
 
+def test_suite_values_are_read_by_the_field_type(tmp_path):
+    from simplan.evaluation.suites import load_suite, suite_tasks
+
+    suite = tmp_path / "mine.yaml"
+    suite.write_text(
+        "faults: {transient: 1e-1}\nentries:\n  - {env: toy, families: corridor, tasks_per_family: '2'}\n"
+    )
+    (entry,) = load_suite(str(suite)).entries
+    assert entry.families == ["corridor"] and entry.tasks_per_family == 2 and entry.faults.transient == 0.1
+    assert [t.task_id for _, tasks in suite_tasks(load_suite(str(suite))) for t in tasks] == [
+        "corridor-100",
+        "corridor-101",
+    ]
+    suite.write_text("entries:\n  - {env: toy, tasks_per_family: many}\n")
+    with pytest.raises(ValueError, match=r"entries\[0\]: tasks_per_family: expected"):
+        load_suite(str(suite))
+
+
 @pytest.mark.parametrize(
     "planner, words",
     [
