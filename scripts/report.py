@@ -9,15 +9,15 @@ from the runs' trace files (named with their SHA-256 in the report). See `simpla
 
 from __future__ import annotations
 
-import argparse
 import sys
 
+from simplan.core.config import ShortErrorParser
 from simplan.core.io import check_output_folder
 from simplan.evaluation.report import write_report
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="simplan report", description=__doc__.split("\n")[0])
+    parser = ShortErrorParser(prog="simplan report", description=__doc__.split("\n")[0])
     parser.add_argument("runs", nargs="+", help="eval run folders or traces.jsonl files")
     parser.add_argument("--out", required=True, help="folder for report.md, report.html and plots/")
     parser.add_argument("--title", default="simplan evaluation report", help="report title")

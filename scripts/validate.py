@@ -12,15 +12,15 @@ file), 2 for a usage error.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
+from simplan.core.config import ShortErrorParser
 from simplan.core.io import check_output_file
 from simplan.data.validate import validate_files
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="simplan validate", description=__doc__.split("\n")[0])
+    parser = ShortErrorParser(prog="simplan validate", description=__doc__.split("\n")[0])
     parser.add_argument("files", nargs="+", help="trajectory JSONL files")
     parser.add_argument("--keep-going", action="store_true", help="write good lines to --out, bad ones to --rejects")
     parser.add_argument("--out", default=None, help="good lines (with --keep-going; default X.good.jsonl)")
