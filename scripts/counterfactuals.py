@@ -15,9 +15,11 @@ trajectories could not be finished (an env failed: re-run), 2 for a missing inpu
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from simplan.core.config import parse_config
-from simplan.core.io import check_output_file
+from simplan.core.errors import EmptyInputError
+from simplan.core.io import check_output_file, has_lines
 from simplan.data.counterfactual import CounterfactualConfig, collect_counterfactuals
 from simplan.envs.registry import UnknownEnvError
 
@@ -27,6 +29,9 @@ def main(argv: list[str] | None = None) -> int:
         [CounterfactualConfig], argv, description=__doc__.split("\n")[0], prog="simplan counterfactuals"
     )
     check_output_file(cfg.out)
+    empty = [path for path in cfg.inputs if Path(path).is_file() and not has_lines(path)]
+    if empty:
+        raise EmptyInputError(f"{', '.join(empty)}: empty (no line to read); give trajectory JSONL files")
     try:
         report = collect_counterfactuals(cfg)
     except (FileNotFoundError, UnknownEnvError) as e:  # checked before anything runs: nothing was written

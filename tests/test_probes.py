@@ -187,6 +187,8 @@ def test_empty_and_blank_inputs_are_errors(tmp_path, capsys):
             assert rc == 2 and f"{path}: empty (no line to read)" in err, (command, err)
         rc, err = simplan(capsys, "build", "--inputs", path, "--out", tmp_path / "ds")
         assert rc == 2 and f"input {path}: empty" in err
+        rc, err = simplan(capsys, "counterfactuals", "--inputs", path, "--out", tmp_path / "cf.jsonl")
+        assert rc == 2 and f"{path}: empty" in err
 
 
 def test_a_utf8_bom_is_not_part_of_line_one(tmp_path, capsys, trajectories):
