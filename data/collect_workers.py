@@ -185,7 +185,9 @@ def pooled(
         queue = iter(items)
         pending = {pool.submit(fn, item) for item in itertools.islice(queue, 4 * workers)}
         while pending:
-            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+            # A timeout, so the main thread runs often: a SIGINT the OS hands to the pool's own thread is handled
+            # only when the main thread next runs Python code (an untimed wait sleeps until an episode ends).
+            finished, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
             for fut in finished:
                 yield fut.result()
                 for item in itertools.islice(queue, 1):
