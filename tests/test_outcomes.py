@@ -175,6 +175,16 @@ def test_training_on_branch_rows_runs_with_the_tree_mask(tmp_path, tok, counterf
 # ---------------------------------------------------------------------------------------------
 # The planner with a simulator that predicts outcomes
 # ---------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def traj(tmp_path_factory) -> Trajectory:
+    """The toy env's expert path on its first dev task."""
+    out = tmp_path_factory.mktemp("expert") / "t.jsonl"
+    collect(
+        CollectConfig(env="toy", fold="dev", limit=1, policies=["expert"], branches=0, out=str(out), progress=False)
+    )
+    return Trajectory.from_dict(json.loads(out.read_text().splitlines()[0]))
+
+
 def _outcome_planner(traj: Trajectory, settings, tok, bad: set[str], judge=None):
     """A simplan planner on the toy env whose decider replays `traj` (K=1) or scores the valid actions, and whose
     simulator gives outcome lines a probability: 'lost' for actions in `bad`, 'no change' otherwise."""
@@ -213,21 +223,9 @@ def _outcome_planner(traj: Trajectory, settings, tok, bad: set[str], judge=None)
     return planner, engine
 
 
-def test_the_planner_reads_outcome_probabilities_and_its_prompts_are_training_prefixes(tmp_path, tok):
+def test_the_planner_reads_outcome_probabilities_and_its_prompts_are_training_prefixes(traj, tok):
     from simplan.data.episode import EpisodeState, PromptSettings, renderer_for
 
-    collect(
-        CollectConfig(
-            env="toy",
-            fold="dev",
-            limit=1,
-            policies=["expert"],
-            branches=0,
-            out=str(tmp_path / "t.jsonl"),
-            progress=False,
-        )
-    )
-    traj = Trajectory.from_dict(json.loads((tmp_path / "t.jsonl").read_text().splitlines()[0]))
     settings = PromptSettings(budget=4096, reserve=64, outcomes=True)
     planner, engine = _outcome_planner(traj, settings, tok, bad=set())
     result = planner.run(traj.task)
@@ -248,22 +246,10 @@ def test_the_planner_reads_outcome_probabilities_and_its_prompts_are_training_pr
     assert all(c.predicted == ["You are here."] for c in chosen)  # the expectation, its outcome line split off
 
 
-def test_the_decider_is_overridden_only_above_the_veto(tmp_path, tok):
+def test_the_decider_is_overridden_only_above_the_veto(traj, tok):
     from simplan.data.episode import PromptSettings
     from simplan.inference.planning.outcomes import OutcomeJudge
 
-    collect(
-        CollectConfig(
-            env="toy",
-            fold="dev",
-            limit=1,
-            policies=["expert"],
-            branches=0,
-            out=str(tmp_path / "t.jsonl"),
-            progress=False,
-        )
-    )
-    traj = Trajectory.from_dict(json.loads((tmp_path / "t.jsonl").read_text().splitlines()[0]))
     first = traj.steps[0].action.text
     settings = PromptSettings(budget=4096, reserve=64, outcomes=True)
     planner, _ = _outcome_planner(traj, settings, tok, bad={first})
