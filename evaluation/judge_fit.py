@@ -12,6 +12,8 @@ every candidate (inference/planning/outcomes.py), as the planner asks them. Then
   at precision >= `precision` and its threshold, per task family and overall; calibration (expected
   calibration error and the reliability table, plotted); accuracy of the most probable class;
 - the veto: the lowest threshold on P(lost or error) whose vetoes are right at least `precision` of the time;
+  and what a veto does to the decider's first choice of each state (the action it overrides): how many it
+  overrides at the fitted veto and at a few other thresholds, and how many of those rightly;
 - the value: logistic regression of "the action was a good one" (it made progress or won, or it is the
   expert's own action) on the decider's log-probability and the outcome probabilities.
 Written to `out` (metrics.json, metrics.md, reliability.png); with `write_adapter` the fitted judge goes beside
@@ -204,6 +206,31 @@ def outcome_metrics(rows: list[Row], precision: float) -> dict[str, Any]:
     return result
 
 
+VETO_PROBES = (0.3, 0.5, 0.7)  # P(lost or error) thresholds reported for the decider's first choices
+
+
+def first_choices(rows: list[Row], veto: float) -> dict[str, Any]:
+    """What a veto would do to the decider's first choice of each state (the candidate it ranks highest: the
+    action the planner keeps unless vetoed): how many states, how many first choices were bad, and at the
+    fitted veto and at each of VETO_PROBES, how many it overrides and how many of those rightly."""
+    by_state: dict[int, Row] = {}
+    for r in rows:
+        if r.state not in by_state or r.logprob > by_state[r.state].logprob:
+            by_state[r.state] = r
+    first = list(by_state.values())
+
+    def overrides(threshold: float) -> dict[str, Any]:
+        hit = [r for r in first if OutcomeJudge.bad(r.probs) > threshold]
+        return {"threshold": threshold, "overridden": len(hit), "rightly": sum(r.outcome in BAD for r in hit)}
+
+    return {
+        "states": len(first),
+        "bad": sum(r.outcome in BAD for r in first),
+        "at_veto": overrides(veto),
+        "probes": [overrides(t) for t in VETO_PROBES],
+    }
+
+
 def fit(rows: list[Row], precision: float) -> OutcomeJudge:
     """The veto from dev precision, the value from logistic regression (module docstring)."""
     bad = np.array([OutcomeJudge.bad(r.probs) for r in rows])
@@ -281,6 +308,18 @@ def markdown(metrics: dict[str, Any], judge: OutcomeJudge, precision: float) -> 
         + ", ".join(f"{k} {v:+.3f}" for k, v in judge.weights.items())
         + f", bias {judge.bias:+.3f}.",
     ]
+    first = metrics.get("first_choices")
+    if first:
+        probes = "; ".join(
+            f"> {p['threshold']:g}: {p['overridden']} ({p['rightly']} rightly)" for p in first["probes"]
+        )
+        at = first["at_veto"]
+        lines += [
+            "",
+            f"The decider's first choices (the candidate it ranks highest in each state): {first['states']}, "
+            f"{first['bad']} of them lost or error. The fitted veto overrides {at['overridden']} "
+            f"({at['rightly']} rightly); a veto at P(lost or error) {probes}.",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -291,6 +330,7 @@ def fit_judge(cfg: FitJudgeConfig, engine: Any) -> dict[str, Any]:
         raise ValueError(f"inputs: no state with alternatives in {cfg.inputs}; run `simplan counterfactuals` on them")
     metrics = outcome_metrics(rows, cfg.precision)
     judge = fit(rows, cfg.precision)
+    metrics["first_choices"] = first_choices(rows, judge.veto)
     judge.fitted |= {"inputs": cfg.inputs, "seconds": round(time.perf_counter() - started, 1)}
     out = Path(cfg.out)
     write_json(out / "metrics.json", {"config": asdict(cfg), "judge": asdict(judge), **metrics})

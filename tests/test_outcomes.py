@@ -309,6 +309,27 @@ def test_outcome_metrics_by_hand() -> None:
     assert c["ece"] == pytest.approx(0.5 * 0.05 + 0.5 * 0.45)
 
 
+def test_first_choices_count_what_a_veto_overrides_by_hand() -> None:
+    from simplan.evaluation.judge_fit import Row, first_choices
+
+    def row(state: int, logprob: float, outcome: str, p_lost: float) -> Row:
+        probs = {o: 0.0 for o in OUTCOMES} | {"lost": p_lost, "no_change": 1 - p_lost}
+        return Row("f", state, f"a{state}{logprob}", outcome, False, logprob, probs)
+
+    rows = [
+        row(0, -0.1, "lost", 0.9),  # state 0's first choice: bad, and predicted so
+        row(0, -2.0, "no_change", 0.1),
+        row(1, -0.5, "no_change", 0.6),  # not the first choice: its P(bad) overrides nothing
+        row(1, -0.2, "no_change", 0.2),  # state 1's first choice: fine, overridden only by a veto under 0.2
+        row(2, -0.3, "error", 0.0),  # state 2's: bad, unforeseen
+    ]
+    out = first_choices(rows, veto=0.5)
+    assert (out["states"], out["bad"]) == (3, 2)
+    assert out["at_veto"] == {"threshold": 0.5, "overridden": 1, "rightly": 1}
+    assert [(p["overridden"], p["rightly"]) for p in out["probes"]] == [(1, 1), (1, 1), (1, 1)]
+    assert first_choices(rows, veto=0.1)["at_veto"] == {"threshold": 0.1, "overridden": 2, "rightly": 1}
+
+
 def test_the_fitted_judge_recovers_known_weights_on_synthetic_data() -> None:
     import numpy as np
 
@@ -349,6 +370,7 @@ def test_fit_judge_on_toy_counterfactuals(tmp_path, tok, counterfactuals) -> Non
     judge = OutcomeJudge.for_adapter(adapter)
     assert (Path(adapter) / OUTCOME_JUDGE_FILE).exists() and judge == out["judge"]
     assert "AUROC" in (tmp_path / "fit" / "metrics.md").read_text()
+    assert out["metrics"]["first_choices"]["states"] == 6
 
 
 def test_outcome_probabilities_are_the_same_batched_and_one_by_one(tok) -> None:
