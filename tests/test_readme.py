@@ -113,6 +113,7 @@ def under(folder: str, *names: str) -> tuple[str, ...]:
 
 
 TO_TINY = {"smollm2-135m-instruct": TINY}
+NO_ENV_KWARGS = {"{gold_path: false}": "{}"}
 TO_TOY = {"twx": "toy", "twx-dev-small": "toy-dev", "cookingworld-dev-0": "corridor-100"}
 TINY_TRAINING = {
     "max_steps": 1,
@@ -164,6 +165,16 @@ RULE_TABLE: dict[str, Rule] = {
     ),
     "simplan build --role simulator --inputs runs/data/twx-train.jsonl,runs/data/twx-dev.jsonl "
     "--out runs/datasets/twx-simulator": Rule(add=("--model", TINY), outputs=("runs/datasets/twx-simulator/dataset",)),
+    # the toy env has no gold path to switch off: its counterfactuals run with no constructor arguments
+    "simplan counterfactuals --inputs runs/data/twx-train.jsonl --out runs/data/twx-train-cf.jsonl "
+    "--env_kwargs '{gold_path: false}'": Rule(swap=NO_ENV_KWARGS, outputs=("runs/data/twx-train-cf.jsonl",)),
+    "simplan counterfactuals --inputs runs/data/twx-dev.jsonl --out runs/data/twx-dev-cf.jsonl "
+    "--env_kwargs '{gold_path: false}'": Rule(swap=NO_ENV_KWARGS, outputs=("runs/data/twx-dev-cf.jsonl",)),
+    "simplan build --role simulator --outcomes true --inputs runs/data/twx-train-cf.jsonl,runs/data/twx-dev-cf.jsonl "
+    "--out runs/datasets/twx-simulator-outcomes": Rule(
+        add=("--model", TINY),
+        outputs=under("runs/datasets/twx-simulator-outcomes", "dataset/", "prompt_settings.json"),
+    ),
     "simplan models fetch smollm2-135m-instruct": Rule(swap=TO_TINY, says=(TINY,)),
     "simplan train --config recipes/smollm2-135m-instruct/twx/decider.yaml": Rule(
         add=("--model", TINY, *flags(TINY_TRAINING)),
@@ -175,6 +186,20 @@ RULE_TABLE: dict[str, Rule] = {
     ),
     "simplan train --config recipes/smollm2-135m-instruct/twx/simulator.yaml": Rule(
         add=("--model", TINY, *flags(TINY_TRAINING)), outputs=(f"{TWX_TRAIN}/simulator/adapter/adapter_config.json",)
+    ),
+    "simplan train --config recipes/smollm2-135m-instruct/twx/simulator-outcomes.yaml": Rule(
+        add=("--model", TINY, *flags(TINY_TRAINING)),
+        outputs=(f"{TWX_TRAIN}/simulator-outcomes/adapter/adapter_config.json",),
+    ),
+    "simplan fit-judge --inputs runs/data/twx-dev-cf.jsonl --out runs/judge --engine hf --model smollm2-135m-instruct "
+    f"--adapters decider={TWX_TRAIN}/decider/adapter,simulator={TWX_TRAIN}/simulator-outcomes/adapter "
+    "--write_adapter true": Rule(
+        swap=TO_TINY,
+        add=flags({"states": 4, **TINY_ENGINE}),
+        outputs=(
+            *under("runs/judge", "metrics.json", "metrics.md", "reliability.png"),
+            f"{TWX_TRAIN}/simulator-outcomes/adapter/outcome_judge.json",
+        ),
     ),
     "simplan eval-model --role decider --dataset runs/datasets/twx-decider "
     f"--adapter {TWX_TRAIN}/decider/adapter": Rule(
