@@ -23,7 +23,6 @@ the simulator adapter as outcome_judge.json, which the planner reads.
 from __future__ import annotations
 
 import json
-import math
 import random
 import time
 from collections import defaultdict
@@ -40,7 +39,7 @@ from simplan.data.outcomes import OUTCOMES
 from simplan.envs.actions import render_action
 from simplan.envs.failures import rules_of_env
 from simplan.evaluation.outcome_metrics import binary_metrics, calibration, fit_logistic, veto_threshold
-from simplan.inference.engines.base import ScoreRequest
+from simplan.inference.engines.base import ScoreRequest, log_softmax
 from simplan.inference.planning.outcomes import (
     BAD,
     FEATURES,
@@ -159,7 +158,7 @@ def collect_rows(cfg: FitJudgeConfig, engine: Any) -> list[Row]:
                 )
             )
         results = engine.score(requests)
-        lp = _log_softmax(results[-1].logprobs) if valid else []
+        lp = log_softmax(results[-1].logprobs) if valid else []
         ranked = dict(zip(valid, lp))
         floor = min(lp) if lp else 0.0
         for (action, outcome, expert), probs in zip(cands, outcome_probabilities(results[: len(cands)])):
@@ -174,12 +173,6 @@ def _opened(turn: Any) -> Any:
     from dataclasses import replace
 
     return replace(turn, action=None, next_observation=None, notes=list(turn.notes))
-
-
-def _log_softmax(values: list[float]) -> list[float]:
-    top = max(values)
-    z = math.log(sum(math.exp(v - top) for v in values)) + top
-    return [v - z for v in values]
 
 
 def outcome_metrics(rows: list[Row], precision: float) -> dict[str, Any]:

@@ -41,7 +41,6 @@ from simplan.inference.engines.base import (
 from simplan.inference.engines.scripted import ScriptedEngine
 from simplan.inference.planning.config import SamplingConfig
 from simplan.inference.planning.planner import Planner, PlannerConfig
-from simplan.inference.planning.proposals import _softmax
 from simplan.inference.planning.router import BudgetConfig
 from simplan.inference.planning.trace import append_trace, read_traces
 
@@ -375,9 +374,11 @@ def test_metered_engine_gives_sanitized_copies_and_leaves_the_backend_results_al
 
 
 def test_softmax_of_no_or_impossible_candidates():
-    assert _softmax([]) == []
-    assert _softmax([-math.inf, -math.inf]) == [0.5, 0.5]
-    assert _softmax([0.0, -math.inf]) == [1.0, 0.0]
+    from simplan.inference.engines.base import softmax
+
+    assert softmax([]) == []
+    assert softmax([-math.inf, -math.inf]) == [0.5, 0.5]
+    assert softmax([0.0, -math.inf]) == [1.0, 0.0]
 
 
 class ChokingToy(ToyEnv):

@@ -123,6 +123,30 @@ class ScoreResult:
     cached_tokens: int = 0  # of prompt_tokens, those reused from an earlier call (not prefilled again)
 
 
+def softmax(logprobs: list[float]) -> list[float]:
+    """A score result's logprobs as probabilities of a choice among its candidates; uniform when all are -inf
+    (nothing to prefer), [] for none."""
+    if not logprobs:
+        return []
+    m = max(logprobs)
+    if m == -math.inf:
+        return [1.0 / len(logprobs)] * len(logprobs)
+    exps = [math.exp(x - m) for x in logprobs]
+    z = sum(exps)
+    return [e / z for e in exps]
+
+
+def log_softmax(logprobs: list[float]) -> list[float]:
+    """The logarithms of `softmax(logprobs)`, computed without leaving log space."""
+    if not logprobs:
+        return []
+    m = max(logprobs)
+    if m == -math.inf:
+        return [-math.log(len(logprobs))] * len(logprobs)
+    z = math.log(sum(math.exp(x - m) for x in logprobs)) + m
+    return [x - z for x in logprobs]
+
+
 @dataclass
 class EngineUsage:
     calls: int = 0  # batched engine calls

@@ -24,14 +24,13 @@ which keeps the decider's ranking among the candidates that are not vetoed.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from simplan.data.format import Messages, outcome_line
 from simplan.data.outcomes import OUTCOMES
-from simplan.inference.engines.base import ScoreRequest, ScoreResult
+from simplan.inference.engines.base import ScoreRequest, ScoreResult, softmax
 
 OUTCOME_JUDGE_FILE = "outcome_judge.json"
 BAD = ("lost", "error")
@@ -52,16 +51,7 @@ def outcome_request(messages: Messages, adapter: str | None, session: str | None
 
 def outcome_probabilities(results: list[ScoreResult]) -> list[dict[str, float]]:
     """Each result's softmax over the outcome classes (OUTCOMES order); uniform where every logprob is -inf."""
-    out = []
-    for res in results:
-        top = max(res.logprobs)
-        if top == -math.inf:
-            out.append({o: 1.0 / len(OUTCOMES) for o in OUTCOMES})
-            continue
-        exps = [math.exp(lp - top) for lp in res.logprobs]
-        z = sum(exps)
-        out.append({o: e / z for o, e in zip(OUTCOMES, exps)})
-    return out
+    return [dict(zip(OUTCOMES, softmax(res.logprobs))) for res in results]
 
 
 def features(logprob: float | None, probs: dict[str, float]) -> dict[str, float]:

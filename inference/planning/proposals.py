@@ -13,30 +13,17 @@ configured no-op, or finish.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from simplan.data.episode import EpisodeState
 from simplan.data.format import PromptState
 from simplan.envs.base import Action, ActionParseError
-from simplan.inference.engines.base import GenerationRequest, ScoreRequest
+from simplan.inference.engines.base import GenerationRequest, ScoreRequest, softmax
 from simplan.inference.planning.episode_run import EpisodeRun
 
 if TYPE_CHECKING:
     from simplan.inference.planning.imagination import Imagination
-
-
-def _softmax(logprobs: list[float]) -> list[float]:
-    """Probabilities of logprobs; uniform when all are -inf (nothing to prefer), [] for none."""
-    if not logprobs:
-        return []
-    m = max(logprobs)
-    if m == -math.inf:
-        return [1.0 / len(logprobs)] * len(logprobs)
-    exps = [math.exp(x - m) for x in logprobs]
-    z = sum(exps)
-    return [e / z for e in exps]
 
 
 @dataclass
@@ -85,7 +72,7 @@ class Proposer:
         except NotImplementedError:
             self.can_score = False
             return None
-        probs = _softmax(res.logprobs)
+        probs = softmax(res.logprobs)
         out = []
         for text, lp, p in zip(allowed, res.logprobs, probs):
             try:
