@@ -6,15 +6,15 @@
 
 Reads each run's traces.jsonl (evaluation/metrics.py computes every metric from them), names the
 files with their size and SHA-256 so each number can be traced back, and writes:
-- report.md with tables (arms side by side across runs; prompt tokens per decision, imagined step
-  and real step, prefilled vs reused from the prefix cache; each pair of arms compared task by task:
-  the success difference with its paired bootstrap interval and the exact McNemar p-value,
-  evaluation/paired.py; with several runs, each later run against the first, arm by arm, on the tasks
-  both played (a flywheel round's old and new adapters); success by game; lost episodes by loss class,
-  evaluation/losses.py; transient failures that got through and premature finishes, for runs that have
-  any; episode endings foreseen by the simulator's verdicts, for runs that have them; pivot and replan
-  reasons)
-  and plots/*.png next to it;
+- report.md opening with each arm against the first (reactive) task by task: the paired success
+  difference, its interval and the exact McNemar p-value; then the tables in the order a reader needs
+  them: each pair of arms compared task by task (also tokens and wall seconds per success,
+  evaluation/paired.py); with several runs, each later run against the first, arm by arm, on the tasks
+  both played (a flywheel round's old and new adapters); success by game; lost episodes by loss class
+  (evaluation/losses.py); the arms side by side; prompt tokens per decision, imagined step and real step,
+  prefilled vs reused from the prefix cache; the trace files; transient failures that got through and
+  premature finishes, for runs that have any; episode endings foreseen by the simulator's verdicts, for
+  runs that have them; pivot and replan reasons), and plots/*.png next to it;
 - report.html, the same content with the plots embedded as base64 PNG (one file to share);
 - metrics.json, every run's per-arm and per-(arm, game) metrics (GroupMetrics) as numbers.
 Plots (matplotlib, Agg backend): success by arm and game (Wilson 95% intervals), tokens per
@@ -40,6 +40,7 @@ from simplan.evaluation.report_tables import (
     arms_table,
     family_tables,
     files_table,
+    headline,
     invocations_table,
     loss_table,
     lost_episodes_table,
@@ -57,6 +58,12 @@ CSS = (
     "td,th{border:1px solid #ccc;padding:3px 7px;text-align:right}td:first-child,th:first-child{text-align:left}"
     "th{background:#f3f3f3}.note{color:#555;font-size:13px}img{max-width:100%}"
 )
+
+
+def _bold(markdown: str) -> str:
+    """A headline line as HTML: escaped, its `**...**` parts bold."""
+    parts = html.escape(markdown).split("**")
+    return "".join(f"<b>{p}</b>" if i % 2 else p for i, p in enumerate(parts))
 
 
 def _unique_names(runs: list[str | Path]) -> list[str]:
@@ -101,12 +108,13 @@ def write_report(
     if len(empty) == len(runs):
         raise ValueError(f"write_report: no finished episode in {', '.join(empty)}; run `simplan eval` first")
     by_game = [family_tables(r) for r in runs]
-    main = [files_table(runs), arms_table(runs), prompt_steps_table(runs), paired_table(runs)]
+    # The paired comparison first, then per game, then why episodes were lost; the per-arm rates after them.
+    main = [paired_table(runs)]
     between_runs = runs_table(runs)
     if between_runs is not None:
         main.append(between_runs)
     main += [success for success, _ in by_game]
-    main.append(loss_table(runs))
+    main += [loss_table(runs), arms_table(runs), prompt_steps_table(runs), files_table(runs)]
     retries = retry_table(runs)
     if retries is not None:
         main.append(retries)
@@ -135,7 +143,8 @@ def write_report(
         "deduplicated by episode id. Success intervals are Wilson 95%; arms are compared task by task "
         "(exact McNemar test, paired bootstrap interval)."
     )
-    md = [f"# {title}", "", intro, ""]
+    lead = headline(runs)
+    md = [f"# {title}", ""] + [f"- {line}" for line in lead] + ["", intro, ""]
     md += [t.markdown() for t in main]
     md += ["## Plots", ""]
     md += [f"![{caption}](plots/{name}.png)\n" for name, caption, _ in plots]
@@ -152,7 +161,9 @@ def write_report(
         for _, caption, png in plots
     )
     body = (
-        f"<h1>{html.escape(title)}</h1><p>{html.escape(intro)}</p>"
+        f"<h1>{html.escape(title)}</h1>"
+        + ("<ul>" + "".join(f"<li>{_bold(line)}</li>" for line in lead) + "</ul>" if lead else "")
+        + f"<p>{html.escape(intro)}</p>"
         + "".join(t.html() for t in main)
         + f"<h2>Plots</h2>{imgs}<h2>Details</h2>"
         + "".join(t.html() for t in details)

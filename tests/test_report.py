@@ -114,6 +114,13 @@ def test_report_pairs_arms_and_classifies_losses(tmp_path) -> None:
     # each lost episode is listed with its evidence in the details
     listed = "| paired | reactive | coin | s/t9/reactive/0 | irreversible wrong action | step 1 'look' ended the game"
     assert listed in md.split("## Details")[1]
+    # The report opens with the paired difference (before any table), then per game, then the loss classes.
+    lead = md.split("###")[0]
+    assert "paired: **simplan - reactive = +60.0 points** [+0.0, +100.0]" in lead
+    assert "on 10 paired tasks: 8/10 against 2/10; won by simplan only 8, by reactive only 2" in lead
+    assert "exact McNemar p = 0.109" in lead
+    order = [main.index(t) for t in ("### Paired differences", "| sorting |", "### Lost episodes", "### Arms")]
+    assert order == sorted(order)
 
 
 def test_report_shows_transient_failures_and_finishes_only_for_runs_with_any(tmp_path, shop_on_path) -> None:
