@@ -1,227 +1,375 @@
-"""Training throughput: simplan's trainer against TRL's SFTTrainer, same model, data and LoRA config.
+"""Training throughput on today's format: simplan's trainer against TRL's SFTTrainer on one conversation export.
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/bench_train.py --steps 10
-    .venv/bin/python bench/bench_train.py --dataset runs/datasets/twx-decider --steps 20 --model smollm2-135m-instruct
+    flock /tmp/heavy.lock .venv/bin/python bench/bench_train.py --dataset /tmp/bt/decider --steps 12 --warmup 2
+    .venv/bin/python bench/bench_train.py --steps 12 --warmup 2          # synthetic toy-env conversations
+    .venv/bin/python bench/bench_train.py --halves simplan,simplan-packed,trl-pf,trl --out /tmp/bt/train.json
 
-Both run in this one process, one after the other, with the same examples (a dataset built by
-`simplan build`, or synthetic toy-env decider/simulator examples rendered by data/format.py when
-none is given), batch size, max length, dtype, bf16 autocast and LoRA (r16, all linear layers).
-Throughput is non-padding tokens per second over the steps after `--warmup`, counted from the
-batches each trainer's own collator produced. Prints a Markdown table and writes JSON with --out.
+The data is a conversation dataset from `simplan build` (the default format: one row per episode window,
+`messages` + per-message `weights`), or, without --dataset, one built the same way from toy-env expert and
+noisy-expert trajectories. Branch rows (`--outcomes`) are left out: TRL has no tree mask for them. Every row
+is tokenized once by simplan (training/examples.py `tokenize_dataset`: the chat template, loss on every
+assistant turn of weight 1 and the EOS after it, rows over --max-length dropped) and both trainers get those
+same token ids and that same supervision:
+
+- TRL's own `assistant_only_loss=True` cannot be used: it needs `{% generation %}` markers that SmolLM2's
+  chat template lacks (TRL 1.16 raises "The chat template is not training-compatible ... patching is not
+  supported for this template"), and it would train the weight-0 turns (deduplicated or context-only turns)
+  too. So TRL gets a pre-tokenized dataset, `input_ids` + `assistant_masks` where the mask is 1 exactly at
+  simplan's labelled positions; TRL folds the mask into its labels itself (its documented path for
+  pre-tokenized data). Each TRL half checks that its prepared labels equal simplan's, example by example.
+- Padding-free where TRL offers it: `trl-pf` is `padding_free=True` (the batch flattened into one row, position
+  ids restarting per example; with sdpa transformers builds the block-diagonal mask from the position ids).
+  `trl` is TRL padded to the longest row with its default random sampler. TRL's default gradient checkpointing
+  is turned off on both sides (the recipes do not checkpoint).
+- `simplan` is `simplan train`'s trainer as the recipes run it (batches grouped by length, padded, LM head at
+  labelled positions only); `simplan-packed` is its `--batching packed` (one row, no padding).
+
+Both load the base model the same way (bf16 weights under bf16 autocast with --bf16 true, sdpa) with the same
+LoRA (r16, alpha 32, dropout 0.05, every linear layer but the LM head), batch size and seed. Each half runs in
+a fresh process of its own, one after the other, so its peak resident memory (ru_maxrss: model load,
+tokenization and training) is its own. Over the steps after --warmup it counts, from the batches each
+trainer's own collator made: supervised actions (one per trained assistant message: a run of labelled
+tokens), supervised tokens, non-padding and padded tokens, wall seconds and process CPU seconds (all threads,
+time.process_time). Reported: supervised actions per CPU-second (the comparison the issue asks for),
+non-padding tokens per wall second, padding efficiency, peak RSS. The halves draw batches in their own
+orders, so they train on different windows of the same data; the per-action and per-token rates normalise
+for that. Prints a Markdown table and writes JSON with --out.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import resource
+import subprocess
+import sys
 import tempfile
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import TrainerCallback
 
-
-def synthetic_dataset(folder: Path, n_tasks: int = 60) -> Path:
-    """Decider + simulator examples from the toy env's expert trajectories (history up to 3 steps)."""
-    from datasets import Dataset, DatasetDict
-
-    from simplan.data.format import decider_messages, observation_completion, simulator_messages
-    from simplan.data.format import state_from_steps as state_of
-    from simplan.envs.actions import render_action
-    from simplan.envs.toy import ToyEnv
-
-    env = ToyEnv()
-    rows: dict[str, list[dict[str, Any]]] = {"train": [], "dev": []}
-    for fold, limit in (("train", n_tasks), ("dev", max(4, n_tasks // 10))):
-        for task in env.tasks(fold, limit=limit):
-            obs = env.reset(task)
-            past: list = []
-            for action in env.expert_plan():
-                state = state_of(obs.goal, obs.text, past[-3:], valid_actions=obs.valid_actions)
-                result = env.step(action)
-                nxt = result.observation
-                rows[fold].append({"prompt": decider_messages(state), "completion": render_action(action)})
-                rows[fold].append(
-                    {"prompt": simulator_messages(state, action), "completion": observation_completion(nxt.text)}
-                )
-                past.append((action, nxt.text, nxt.error))
-                obs = nxt
-    DatasetDict({k: Dataset.from_list(v) for k, v in rows.items()}).save_to_disk(str(folder))
-    return folder
+HALVES = ("simplan", "simplan-packed", "trl-pf", "trl")
+IGNORE_INDEX = -100  # training/examples.py's; repeated so that counting needs no simplan import
 
 
-class StepTimer(TrainerCallback):
-    def __init__(self, warmup: int) -> None:
-        self.warmup = warmup
-        self.start: float | None = None
-        self.end: float | None = None
+# ---------------------------------------------------------------------------------------------
+# Data: a conversation export, simplan's tokenization of it, and what each batch supervises
+# ---------------------------------------------------------------------------------------------
+def synthetic_dataset(folder: Path, model: str, role: str = "decider", n_tasks: int = 8) -> Path:
+    """A conversation dataset built by `simplan build` from toy-env expert and noisy-expert trajectories."""
+    from simplan.data.build import BuildConfig, build
+    from simplan.data.collect import CollectConfig, collect
 
-    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if state.global_step == self.warmup:
-            self.start = time.perf_counter()
+    inputs = []
+    for fold, limit in (("train", n_tasks), ("dev", 2)):
+        path = folder / f"{fold}.jsonl"
+        collect(
+            CollectConfig(
+                env="toy",
+                fold=fold,
+                limit=limit,
+                policies=["expert", "noisy_expert"],
+                branches=0,
+                out=str(path),
+                progress=False,
+            )
+        )
+        inputs.append(str(path))
+    build(BuildConfig(role=role, inputs=inputs, out=str(folder / role), model=model, progress=False))
+    return folder / role
 
-    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.end = time.perf_counter()
+
+def load_train(dataset: str, tokenizer: Any, max_length: int) -> tuple[Any, dict[str, int]]:
+    """The train fold of a conversation export tokenized by simplan, without branch rows; and what was left out."""
+    from simplan.training.config import DataArguments
+    from simplan.training.examples import load_splits, tokenize_dataset
+
+    raw, _ = load_splits(DataArguments(dataset=dataset, eval_split=""))
+    if "weights" not in raw.column_names:
+        raise ValueError(
+            f"dataset: {dataset} has per-step rows (columns {raw.column_names}); this benchmark compares trainers on "
+            "conversation windows, the default of `simplan build` (drop --format step)"
+        )
+    rows = len(raw)
+    if "branches" in raw.column_names:
+        raw = raw.filter(lambda b: not b, input_columns="branches")
+    tokenized, dropped = tokenize_dataset(raw, tokenizer, max_length)
+    return tokenized, {"rows": rows, "branch_rows_left_out": rows - len(raw), "over_max_length": dropped}
+
+
+def supervision(labels: torch.Tensor) -> tuple[int, int]:
+    """(supervised actions, supervised tokens) of a batch: every labelled run of tokens is one assistant message
+    (its content and EOS; messages are separated by unlabelled template tokens, examples by unlabelled prompts)."""
+    valid = labels != IGNORE_INDEX
+    starts = valid.clone()
+    starts[:, 1:] &= ~valid[:, :-1]
+    return int(starts.sum()), int(valid.sum())
+
+
+@dataclass
+class BatchCount:
+    real_tokens: int
+    padded_tokens: int
+    actions: int
+    supervised_tokens: int
 
 
 class CountingCollator:
-    """Wraps a collator and records the non-padding tokens and padded size of every batch it makes."""
+    """Wraps a trainer's collator and records what each batch it makes holds."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
-        self.batches: list[tuple[int, int]] = []
+        self.batches: list[BatchCount] = []
 
     def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
         batch = self.inner(features)
         ids = batch["input_ids"]
         mask = batch.get("attention_mask")
-        real = int(mask.sum()) if mask is not None else ids.numel()
-        self.batches.append((real, ids.numel()))
+        actions, supervised = supervision(batch["labels"])
+        real = int(mask.sum()) if mask is not None else ids.numel()  # padding-free rows have no padding
+        self.batches.append(BatchCount(real, ids.numel(), actions, supervised))
         return batch
 
 
-def _measure(trainer: Any, steps: int, warmup: int) -> dict[str, float]:
-    timer = StepTimer(warmup)
-    trainer.add_callback(timer)
-    trainer.data_collator = CountingCollator(trainer.data_collator)
+class StepClock(TrainerCallback):
+    """Wall and process CPU time from the start of step `warmup` to the end of the last step."""
+
+    def __init__(self, warmup: int) -> None:
+        self.warmup = warmup
+        self.start = (0.0, 0.0)
+        self.end = (0.0, 0.0)
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.global_step == self.warmup:
+            self.start = (time.perf_counter(), time.process_time())
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.end = (time.perf_counter(), time.process_time())
+
+
+# ---------------------------------------------------------------------------------------------
+# The halves: each builds its trainer, then `measure` trains and counts
+# ---------------------------------------------------------------------------------------------
+def measure(trainer: Any, steps: int, warmup: int) -> dict[str, Any]:
+    clock = StepClock(warmup)
+    trainer.add_callback(clock)
+    trainer.data_collator = counter = CountingCollator(trainer.data_collator)
     trainer.train()
-    measured = trainer.data_collator.batches[warmup:steps]
-    real = sum(r for r, _ in measured)
-    padded = sum(p for _, p in measured)
-    seconds = (timer.end or 0) - (timer.start or 0)
+    timed = counter.batches[warmup:steps]
+    total = {k: sum(getattr(b, k) for b in timed) for k in asdict(timed[0])}
+    wall = clock.end[0] - clock.start[0]
+    cpu = clock.end[1] - clock.start[1]
+    losses = [r["loss"] for r in trainer.state.log_history if "loss" in r]
     return {
-        "tokens_per_s": round(real / seconds, 1),
-        "padding_efficiency": round(real / max(padded, 1), 3),
-        "seconds": round(seconds, 1),
-        "measured_steps": len(measured),
-        "final_loss": round(float(trainer.state.log_history[-2].get("loss", float("nan"))), 4)
-        if len(trainer.state.log_history) > 1
-        else float("nan"),
+        "actions_per_cpu_s": round(total["actions"] / cpu, 3),
+        "actions_per_s": round(total["actions"] / wall, 3),
+        "tokens_per_s": round(total["real_tokens"] / wall, 1),
+        "tokens_per_cpu_s": round(total["real_tokens"] / cpu, 1),
+        "padding_efficiency": round(total["real_tokens"] / max(total["padded_tokens"], 1), 3),
+        "actions": total["actions"],
+        "supervised_tokens": total["supervised_tokens"],
+        "real_tokens": total["real_tokens"],
+        "padded_tokens": total["padded_tokens"],
+        "wall_s": round(wall, 1),
+        "cpu_s": round(cpu, 1),
+        "cpu_per_wall": round(cpu / wall, 2),
+        "timed_steps": len(timed),
+        "supervised_tokens_per_step": [b.supervised_tokens for b in counter.batches[:steps]],
+        "first_loss": round(losses[0], 4) if losses else None,
+        "final_loss": round(losses[-1], 4) if losses else None,
     }
 
 
-def run_simplan(args: argparse.Namespace, dataset: Path, out: Path) -> dict[str, float]:
-    from simplan.models.registry import load_tokenizer
+def run_simplan(args: argparse.Namespace, train_ds: Any, tokenizer: Any, out: Path, packed: bool) -> dict[str, Any]:
+    from transformers import set_seed
+
     from simplan.training.completion_trainer import SimplanTrainer
-    from simplan.training.config import DataArguments, LoraArguments, ModelArguments, TrainArguments
-    from simplan.training.examples import PaddingCollator, load_splits, tokenize_dataset
+    from simplan.training.config import LoraArguments, ModelArguments, TrainArguments
+    from simplan.training.examples import PackingCollator, PaddingCollator
     from simplan.training.lora import load_model_for_training
     from simplan.training.trainer import training_arguments
 
-    margs = ModelArguments(model=args.model, dtype=args.dtype)
-    largs = LoraArguments(lora_r=16, lora_alpha=32, lora_dropout=0.05)
-    dargs = DataArguments(dataset=str(dataset), max_length=args.max_length, eval_split="")
     targs = TrainArguments(
-        output_dir=str(out / "simplan"),
+        output_dir=str(out),
         max_steps=args.steps,
         per_device_train_batch_size=args.batch_size,
-        bf16="true" if args.bf16 else "false",
+        bf16=str(args.bf16).lower(),
+        batching="packed" if packed else "group_by_length",
         logging_steps=1,
         save_steps=10**6,
         report_to="none",
+        seed=args.seed,
         resume=False,
     )
-    tok = load_tokenizer(args.model)
-    train_raw, _ = load_splits(dargs)
-    train_ds, _ = tokenize_dataset(train_raw, tok, args.max_length)
-    model, _ = load_model_for_training(margs, largs, args.bf16)
+    set_seed(args.seed)  # as `train` does: the LoRA A matrices are drawn when the model is made (TRL does the same)
+    model, _ = load_model_for_training(
+        ModelArguments(model=args.model, dtype=args.dtype), LoraArguments(lora_r=16, lora_alpha=32), args.bf16
+    )
     trainer = SimplanTrainer(
         model=model,
         args=training_arguments(targs, args.bf16, False),
         train_dataset=train_ds,
-        data_collator=PaddingCollator(tok.pad_token_id),
-        processing_class=tok,
+        data_collator=PackingCollator() if packed else PaddingCollator(tokenizer.pad_token_id),
+        processing_class=tokenizer,
     )
-    return _measure(trainer, args.steps, args.warmup)
+    return measure(trainer, args.steps, args.warmup)
 
 
-def run_trl(args: argparse.Namespace, dataset: Path, out: Path, padding_free: bool) -> dict[str, float]:
-    from datasets import load_from_disk
+def trl_dataset(train_ds: Any) -> Any:
+    """simplan's tokenized rows as TRL's pre-tokenized format: input_ids + assistant_masks (1 where simplan labels)."""
+    return train_ds.map(
+        lambda labels: {"assistant_masks": [int(t != IGNORE_INDEX) for t in labels]},
+        input_columns="labels",
+        remove_columns=["labels", "length"],
+        desc="assistant_masks",
+    )
+
+
+def run_trl(args: argparse.Namespace, train_ds: Any, tokenizer: Any, out: Path, padding_free: bool) -> dict[str, Any]:
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM
     from trl import SFTConfig, SFTTrainer
 
-    from simplan.models.registry import load_tokenizer, resolve_model
+    from simplan.models.registry import resolve_model
+    from simplan.training.config import ModelArguments
     from simplan.training.lora import base_dtype, linear_module_names
 
-    data = load_from_disk(str(dataset))["train"]
-    # TRL's conversational prompt-completion format: the completion is an assistant message.
-    data = data.map(
-        lambda r: {"completion": [{"role": "assistant", "content": r["completion"]}]},
-        remove_columns=[c for c in data.column_names if c not in ("prompt", "completion")],
-    )
-    path = resolve_model(args.model)
-    from simplan.training.config import ModelArguments
-
     model = AutoModelForCausalLM.from_pretrained(
-        path, dtype=base_dtype(ModelArguments(model=args.model, dtype=args.dtype), args.bf16)
+        resolve_model(args.model),
+        dtype=base_dtype(ModelArguments(model=args.model, dtype=args.dtype), args.bf16),
+        attn_implementation="sdpa",
     )
     lora = LoraConfig(
         r=16, lora_alpha=32, lora_dropout=0.05, target_modules=linear_module_names(model), task_type="CAUSAL_LM"
     )
     config = SFTConfig(
-        output_dir=str(out / ("trl-pf" if padding_free else "trl")),
+        output_dir=str(out),
         max_steps=args.steps,
         per_device_train_batch_size=args.batch_size,
         learning_rate=2e-4,
         bf16=args.bf16,
         use_cpu=not torch.cuda.is_available(),
-        max_length=args.max_length,
-        completion_only_loss=True,
+        # Rows are already cut to simplan's max_length (longer ones dropped); TRL refuses a max_length with
+        # padding_free and no packing, since it would not be enforced.
+        max_length=None if padding_free else args.max_length,
         padding_free=padding_free,
+        gradient_checkpointing=False,
         logging_steps=1,
         save_strategy="no",
         report_to=[],
+        seed=args.seed,
         train_sampling_strategy="group_by_length" if args.trl_group_by_length else "random",
     )
     trainer = SFTTrainer(
-        model=model, args=config, train_dataset=data, processing_class=load_tokenizer(args.model), peft_config=lora
+        model=model, args=config, train_dataset=trl_dataset(train_ds), processing_class=tokenizer, peft_config=lora
     )
-    return _measure(trainer, args.steps, args.warmup)
+    same = list(trainer.train_dataset["labels"]) == list(train_ds["labels"])
+    if not same:
+        raise AssertionError("TRL's prepared labels differ from simplan's: the halves would not supervise the same")
+    return measure(trainer, args.steps, args.warmup) | {"same_labels_as_simplan": same}
+
+
+def run_half(args: argparse.Namespace) -> dict[str, Any]:
+    """One half in this process: tokenize, train --steps, count; with the peak RSS of the process."""
+    import transformers
+
+    from simplan.models.registry import load_tokenizer
+
+    torch.set_num_threads(args.threads)
+    transformers.logging.set_verbosity_error()
+    tokenizer = load_tokenizer(args.model)
+    train_ds, data = load_train(args.dataset, tokenizer, args.max_length)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / args.half
+        if args.half.startswith("simplan"):
+            result = run_simplan(args, train_ds, tokenizer, out, packed=args.half == "simplan-packed")
+        else:
+            result = run_trl(args, train_ds, tokenizer, out, padding_free=args.half == "trl-pf")
+    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kilobytes on Linux
+    return result | {"peak_rss_mb": round(peak_kb / 1024), "data": data}
+
+
+# ---------------------------------------------------------------------------------------------
+# Entry point: each half in a fresh process, one after the other; one table
+# ---------------------------------------------------------------------------------------------
+def _child_argv(args: argparse.Namespace, half: str, dataset: str, result: Path) -> list[str]:
+    argv = [sys.executable, str(Path(__file__).resolve()), "--half", half, "--result", str(result)]
+    argv += ["--dataset", dataset, "--model", args.model, "--steps", str(args.steps), "--warmup", str(args.warmup)]
+    argv += ["--batch-size", str(args.batch_size), "--max-length", str(args.max_length), "--dtype", args.dtype]
+    argv += ["--bf16", str(args.bf16), "--threads", str(args.threads), "--seed", str(args.seed)]
+    return argv + (["--trl-group-by-length"] if args.trl_group_by_length else [])
+
+
+def table(results: dict[str, dict[str, Any]], baseline: str) -> str:
+    base = results.get(baseline, {}).get("actions_per_cpu_s")
+    lines = [
+        "| trainer | supervised actions / CPU-s | vs " + baseline + " | non-pad tokens / s | non-pad tokens / CPU-s "
+        "| padding efficiency | CPU-s / s | peak RSS (MB) | actions, tokens timed | final loss |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, r in results.items():
+        ratio = f"{r['actions_per_cpu_s'] / base:.2f}x" if base else "-"
+        lines.append(
+            f"| {name} | {r['actions_per_cpu_s']} | {ratio} | {r['tokens_per_s']} | {r['tokens_per_cpu_s']} | "
+            f"{r['padding_efficiency']} | {r['cpu_per_wall']} | {r['peak_rss_mb']:,} | "
+            f"{r['actions']}, {r['real_tokens']:,} | {r['final_loss']} |"
+        )
+    return "\n".join(lines)
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="smollm2-135m-instruct", help="registry name or HF folder")
+    p.add_argument("--dataset", default="", help="conversation dataset from `simplan build` (default: toy-env one)")
+    p.add_argument("--role", default="decider", choices=["decider", "simulator"], help="role of the toy dataset")
+    p.add_argument("--halves", default="simplan,trl-pf,trl", help=f"comma-separated, from {','.join(HALVES)}")
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--warmup", type=int, default=2, help="steps not timed")
+    p.add_argument("--batch-size", type=int, default=4, help="rows per step (the CPU recipes' 4)")
+    p.add_argument("--max-length", type=int, default=1024, help="rows longer than this are dropped, on both sides")
+    p.add_argument("--dtype", default="auto", help="base weights dtype for both trainers")
+    p.add_argument("--bf16", type=lambda v: v.lower() in ("1", "true", "yes"), default=True)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--trl-group-by-length", action="store_true", help="give TRL length-grouped batches too")
+    p.add_argument("--out", default="", help="write the results as JSON here")
+    p.add_argument("--half", default="", choices=["", *HALVES], help=argparse.SUPPRESS)  # one half, in a child
+    p.add_argument("--result", default="", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    halves = [h for h in args.halves.split(",") if h]
+    if bad := [h for h in halves if h not in HALVES]:
+        p.error(f"--halves: {bad} not among {list(HALVES)}")
+    if args.steps <= args.warmup:
+        p.error(f"--steps {args.steps} must be more than --warmup {args.warmup}")
+    args.halves = halves
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="smollm2-135m-instruct")
-    p.add_argument("--dataset", default="", help="dataset from `simplan build` (default: synthetic toy examples)")
-    p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--warmup", type=int, default=2, help="steps not timed")
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--max-length", type=int, default=1024)
-    p.add_argument("--dtype", default="auto", help="base weights dtype for both trainers")
-    p.add_argument("--bf16", type=lambda v: v.lower() in ("1", "true", "yes"), default=True)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--trl-padding-free", action="store_true", help="also run TRL with padding_free=True")
-    p.add_argument("--trl-group-by-length", action="store_true", help="give TRL length-grouped batches too")
-    p.add_argument("--out", default="", help="write the results as JSON here")
-    args = p.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    import transformers
-
-    transformers.logging.set_verbosity_error()
+    args = parse(argv)
+    if args.half:
+        Path(args.result).write_text(json.dumps(run_half(args)))
+        return 0
     with tempfile.TemporaryDirectory() as tmp:
         tmp_path = Path(tmp)
-        dataset = Path(args.dataset) if args.dataset else synthetic_dataset(tmp_path / "synthetic")
-        if (dataset / "dataset" / "dataset_dict.json").exists():
-            dataset = dataset / "dataset"
-        results = {"simplan": run_simplan(args, dataset, tmp_path)}
-        results["trl"] = run_trl(args, dataset, tmp_path, padding_free=False)
-        if args.trl_padding_free:
-            results["trl_padding_free"] = run_trl(args, dataset, tmp_path, padding_free=True)
-    base = results["trl"]["tokens_per_s"]
+        dataset = args.dataset or str(synthetic_dataset(tmp_path / "synthetic", args.model, args.role))
+        results = {}
+        for half in args.halves:
+            result = tmp_path / f"{half}.json"
+            env = os.environ | {"OMP_NUM_THREADS": str(args.threads), "TOKENIZERS_PARALLELISM": "false"}
+            subprocess.run(_child_argv(args, half, dataset, result), check=True, env=env)
+            results[half] = json.loads(result.read_text())
+    baseline = next((h for h in ("trl-pf", "trl") if h in results), args.halves[0])
     print(
-        f"\nmodel {args.model}, data {args.dataset or 'synthetic toy'}, batch {args.batch_size}, "
-        f"{args.steps} steps ({args.warmup} warm-up), bf16 {args.bf16}, {args.threads} thread(s)\n"
+        f"\nmodel {args.model}, data {args.dataset or 'toy-env ' + args.role + ' conversations'}, batch "
+        f"{args.batch_size}, {args.steps} steps ({args.warmup} warm-up), bf16 {args.bf16}, {args.threads} thread(s)\n"
     )
-    print("| trainer | non-pad tokens/s | padding efficiency | vs TRL | final loss |")
-    print("|---|---|---|---|---|")
-    for name, r in results.items():
-        print(
-            f"| {name} | {r['tokens_per_s']} | {r['padding_efficiency']} | "
-            f"{r['tokens_per_s'] / base:.2f}x | {r['final_loss']} |"
-        )
+    print(table(results, baseline))
     if args.out:
         Path(args.out).write_text(json.dumps({"args": vars(args), "results": results}, indent=2))
     return 0

@@ -1,0 +1,78 @@
+"""bench/bench_train.py on a tiny random model: both trainers get the same conversation tokens and supervision.
+
+.venv/bin/python -m pytest -q tests/test_bench_train.py
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("trl")
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+@pytest.fixture
+def bench(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    import bench_train
+
+    return bench_train
+
+
+def test_each_labelled_run_is_one_supervised_action(bench) -> None:
+    x = bench.IGNORE_INDEX
+    labels = torch.tensor(
+        [
+            [x, x, 5, 6, x, x, 7, x],  # two assistant messages
+            [9, x, x, 3, 3, 3, x, x],  # a label at position 0 starts a run too
+        ]
+    )
+    assert bench.supervision(labels) == (4, 7)
+
+
+def test_trl_and_simplan_supervise_the_same_tokens_of_a_conversation_export(bench, tmp_path: Path) -> None:
+    """simplan packed and TRL padding-free draw the same batches (same seed, random order): the same actions and
+    tokens are timed, TRL's prepared labels are simplan's, and the first step's loss (LoRA B = 0, so the base
+    model's) is the same number on both sides; the toy dataset has weight-0 turns, which neither trains."""
+    from datasets import load_from_disk
+
+    from simplan.models.registry import load_tokenizer
+    from simplan.models.tiny import tiny_model
+
+    model = str(tiny_model("llama"))
+    dataset = bench.synthetic_dataset(tmp_path / "toy", model)
+    train_ds, data = bench.load_train(str(dataset), load_tokenizer(model), 1024)
+    assert data["rows"] == len(train_ds) > 4 and data["over_max_length"] == 0
+    raw = load_from_disk(str(dataset / "dataset"))["train"]
+    assistant = [sum(m["role"] == "assistant" for m in r["messages"]) for r in raw]
+    assert sum(raw["trained_turns"]) < sum(assistant)  # context turns of weight 0 are there, untrained
+
+    out = tmp_path / "bench.json"
+    argv = ["--model", model, "--dataset", str(dataset), "--halves", "simplan-packed,trl-pf", "--out", str(out)]
+    assert bench.main(argv + ["--steps", "3", "--warmup", "1", "--threads", "1", "--bf16", "false"]) == 0
+    results = json.loads(out.read_text())["results"]
+    ours, trl = results["simplan-packed"], results["trl-pf"]
+    assert trl["same_labels_as_simplan"] is True
+    assert ours["supervised_tokens_per_step"] == trl["supervised_tokens_per_step"]
+    assert ours["actions"] == trl["actions"] > 0 and ours["real_tokens"] == trl["real_tokens"]
+    assert ours["first_loss"] == pytest.approx(trl["first_loss"], rel=1e-4)
+    assert ours["padding_efficiency"] == trl["padding_efficiency"] == 1.0
+    assert ours["peak_rss_mb"] > 0 and ours["actions_per_cpu_s"] > 0
+
+
+def test_a_per_step_dataset_is_refused_naming_the_format(bench, tmp_path: Path) -> None:
+    from datasets import Dataset, DatasetDict
+
+    from simplan.models.registry import load_tokenizer
+    from simplan.models.tiny import tiny_model
+
+    folder = tmp_path / "step"
+    rows = [{"prompt": [{"role": "user", "content": "hi"}], "completion": "go east"}]
+    DatasetDict({"train": Dataset.from_list(rows)}).save_to_disk(str(folder))
+    with pytest.raises(ValueError, match="conversation windows"):
+        bench.load_train(str(folder), load_tokenizer(str(tiny_model("llama"))), 1024)
