@@ -412,6 +412,9 @@ def test_shared_prefix_scoring_equals_full_rows(tiny):
         assert f.logprobs == pytest.approx(s.logprobs, abs=1e-4)
         assert f.num_tokens == s.num_tokens
     assert len({round(x, 3) for x in fast.score(reqs[:1])[0].logprobs}) > 1  # candidates really differ
+    # A trie of leaves only (one-token candidates): the LM head runs over no trie node, only the prompt's last.
+    single = [ScoreRequest(candidates=["a", "b", "c"], adapter="decider", messages=PROMPTS[0])]
+    assert fast.score(single)[0].logprobs == pytest.approx(slow.score(single)[0].logprobs, abs=1e-4)
 
 
 def test_shared_prefix_scoring_equals_full_rows_on_qwen2():

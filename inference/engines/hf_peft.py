@@ -70,7 +70,7 @@ from simplan.inference.engines.common import (
 from simplan.inference.engines.hf_constrained import GrammarCache, grammar_key, pick_choices
 from simplan.inference.engines.kv_cache import CHUNK, GrowingLayer, growing_cache, stacked_cache
 from simplan.inference.engines.prefix_cache import Prefix, PrefixCache, common_prefix, crop, plain_dynamic_cache
-from simplan.inference.engines.token_trie import path_logprobs, token_trie, trie_attention
+from simplan.inference.engines.token_trie import inner_nodes, path_logprobs, token_trie, trie_attention
 
 BACKEND = "hf"
 TRIE_CANDIDATES = 256  # candidates scored in one token tree over a shared prompt (bounds its logits' memory)
@@ -452,6 +452,9 @@ class HFPeftEngine:
         dtype = self.model.dtype
         mask = torch.zeros(1, 1, n, start + n, dtype=dtype)
         mask.masked_fill_(~allowed, torch.finfo(dtype).min)  # additive: right for sdpa and eager attention
+        # The LM head runs only where a child is predicted: a leaf's logits score nothing (a third of the
+        # nodes or more when the candidates are short actions).
+        inner = inner_nodes(parents)
         with torch.inference_mode():
             kv, last, reused = self._prefill(session, adapter, prompt, need_logits=True)
             try:
@@ -460,13 +463,14 @@ class HFPeftEngine:
                     attention_mask=mask.to(dev),
                     position_ids=torch.tensor([[start + d for d in depth]], device=dev),
                     past_key_values=kv,
+                    logits_to_keep=torch.tensor(inner or [0], device=dev),
                 ).logits.float()
             finally:
                 crop(kv, start)  # the trie's tokens off again: the cache may be the session's prefix
         # The prompt's last position predicts each first token; trie node i predicts its children.
         first = torch.log_softmax(last.float(), dim=-1).cpu()
         logps = torch.log_softmax(logits[0], dim=-1).cpu()
-        result = path_logprobs(tokens, paths, first, logps)
+        result = path_logprobs(tokens, paths, first, logps, rows={node: i for i, node in enumerate(inner)})
         return result, reused
 
     def _row_logprobs(self, rows: list[ScoreRow]) -> list[float]:

@@ -4,6 +4,7 @@
     tokens, parents, paths = token_trie([[5, 7], [5, 9]])   # the shared 5 is one node: tokens [5, 7, 9]
     depth, allowed = trie_attention(parents, start=len(prompt))
     scores = path_logprobs(tokens, paths, first, logps)     # each candidate's summed logprob
+    inner = inner_nodes(parents)                             # the nodes whose logits are needed: [0]
 
 inference/engines/hf_peft.py runs the trie's tokens after the prompt's KV cache with `allowed` as the
 attention mask (each token sees the prompt and its own ancestors) and `start + depth` as positions; a
@@ -54,13 +55,22 @@ def trie_attention(parents: list[int], start: int) -> tuple[list[int], Any]:
     return depth, allowed
 
 
-def path_logprobs(tokens: list[int], paths: list[list[int]], first: Any, logps: Any) -> list[float]:
+def inner_nodes(parents: list[int]) -> list[int]:
+    """The nodes with children, in order: only their logits predict a candidate's token (a leaf's predict
+    nothing scored), so the LM head need not run over the leaves."""
+    return sorted({p for p in parents if p >= 0})
+
+
+def path_logprobs(
+    tokens: list[int], paths: list[list[int]], first: Any, logps: Any, rows: dict[int, int] | None = None
+) -> list[float]:
     """Each candidate's logprob summed along its trie path: `first` [vocab] holds the logprobs after the prompt's
-    last token (they predict each first token), `logps[i]` those after node i (they predict its children)."""
+    last token (they predict each first token), `logps[i]` those after node i (they predict its children), or
+    `logps[rows[i]]` when only some nodes' logprobs were computed (`inner_nodes`)."""
     result = []
     for path in paths:
         total = first[tokens[path[0]]]
         for parent, child in zip(path, path[1:]):
-            total = total + logps[parent, tokens[child]]
+            total = total + logps[parent if rows is None else rows[parent], tokens[child]]
         result.append(float(total))
     return result
