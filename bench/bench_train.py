@@ -216,6 +216,8 @@ def run_simplan(args: argparse.Namespace, train_ds: Any, tokenizer: Any, out: Pa
         train_dataset=train_ds,
         data_collator=PackingCollator() if packed else PaddingCollator(tokenizer.pad_token_id),
         processing_class=tokenizer,
+        completion_only_logits=targs.completion_only_logits,
+        lm_head_chunk=targs.lm_head_chunk,
     )
     return measure(trainer, args.steps, args.warmup)
 

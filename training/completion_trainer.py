@@ -30,28 +30,45 @@ from simplan.training.examples import IGNORE_INDEX
 # The trainer: loss at completion positions only
 # ---------------------------------------------------------------------------------------------
 def completion_loss(
-    model: torch.nn.Module, inputs: dict[str, torch.Tensor], num_items_in_batch: torch.Tensor | int | None = None
+    model: torch.nn.Module,
+    inputs: dict[str, torch.Tensor],
+    num_items_in_batch: torch.Tensor | int | None = None,
+    lm_head_chunk: int = 0,
 ) -> torch.Tensor:
     """Next-token cross-entropy over labelled positions, running the LM head only where labels are.
 
-    `logits_to_keep` (a tensor of sequence positions, shared by the batch) asks the model for
-    logits at the union of the batch's labelled positions; with length-grouped batches that is a
-    few dozen columns instead of hundreds, and with packing it is exact. Returns the sum over
-    labelled tokens divided by `num_items_in_batch` when given (the Trainer's token count over the
-    whole accumulated batch), else the mean.
+    With `lm_head_chunk` > 0 (and a frozen LM head, as under LoRA) the model returns its last hidden state,
+    and `ChunkedHeadLoss` runs the LM head on the labelled tokens alone, `lm_head_chunk` of them at a time:
+    the [tokens, vocab] logits never exist whole and none are kept for the backward. Otherwise
+    `logits_to_keep` (a tensor of sequence positions, shared by the batch) asks the model for logits at the
+    union of the batch's labelled positions; with length-grouped batches that is a few dozen columns instead
+    of hundreds, and with packing it is exact. Both return the sum over labelled tokens divided by
+    `num_items_in_batch` when given (the Trainer's token count over the whole accumulated batch), else the mean.
     """
     labels = inputs["labels"]
     shift_labels = labels[:, 1:]
     valid = shift_labels != IGNORE_INDEX
-    keep = valid.any(dim=0).nonzero().squeeze(-1)  # positions t whose logits predict a label at t+1
-    if keep.numel() == 0:
-        keep = torch.zeros(1, dtype=torch.long, device=labels.device)
     model_inputs = {k: v for k, v in inputs.items() if k != "labels"}
-    logits = model(**model_inputs, logits_to_keep=keep, use_cache=False).logits  # [B, len(keep), V]
-    targets = shift_labels[:, keep]
-    loss = torch.nn.functional.cross_entropy(
-        logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum"
-    )
+    head = _unwrap(model).get_output_embeddings()
+    if lm_head_chunk > 0 and not head.weight.requires_grad and not _scales_logits(_unwrap(model).config):
+        # logits_to_keep=1: the model's own LM head runs on one position only; hidden_states[-1] is the
+        # final-normed state the LM head reads (transformers ties it to last_hidden_state)
+        out = model(**model_inputs, logits_to_keep=1, output_hidden_states=True, use_cache=False)
+        hidden = out.hidden_states[-1][:, :-1][valid]  # [labelled tokens, hidden]
+        del out  # the other layers' states are not needed for the backward
+        loss = ChunkedHeadLoss.apply(hidden, head.weight, head.bias, shift_labels[valid], lm_head_chunk)
+    else:
+        keep = valid.any(dim=0).nonzero().squeeze(-1)  # positions t whose logits predict a label at t+1
+        if keep.numel() == 0:
+            keep = torch.zeros(1, dtype=torch.long, device=labels.device)
+        logits = model(**model_inputs, logits_to_keep=keep, use_cache=False).logits  # [B, len(keep), V]
+        targets = shift_labels[:, keep]
+        loss = torch.nn.functional.cross_entropy(
+            logits.float().reshape(-1, logits.shape[-1]),
+            targets.reshape(-1),
+            ignore_index=IGNORE_INDEX,
+            reduction="sum",
+        )
     if num_items_in_batch is None:
         return loss / valid.sum().clamp(min=1)
     if torch.is_tensor(num_items_in_batch):
@@ -59,16 +76,69 @@ def completion_loss(
     return loss / num_items_in_batch
 
 
-def _accepts_logits_to_keep(model: torch.nn.Module) -> bool:
+class ChunkedHeadLoss(torch.autograd.Function):
+    """Summed cross-entropy of the LM head's logits `hidden @ weight.T (+ bias)` against `targets`, for a frozen
+    LM head, computed `chunk` tokens at a time.
+
+    The forward makes each chunk's logits (in the autocast dtype, as the LM head would), its float32 log-softmax
+    loss and, when a gradient is wanted, the gradient of that loss w.r.t. the chunk's hidden states, which is
+    all the backward needs (the weights get none); the logits are freed chunk by chunk. Memory: one chunk's
+    logits (~10 bytes x chunk x vocab) instead of ~14 bytes x tokens x vocab, and no extra matmul."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        targets: torch.Tensor,
+        chunk: int,
+    ) -> torch.Tensor:
+        wants_grad = ctx.needs_input_grad[0]
+        loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        grad = torch.empty_like(hidden) if wants_grad else None
+        for start in range(0, hidden.shape[0], chunk):
+            h, t = hidden[start : start + chunk], targets[start : start + chunk]
+            logits = torch.nn.functional.linear(h, weight, bias).float()
+            log_probs = torch.log_softmax(logits, dim=-1)
+            del logits
+            rows = torch.arange(t.shape[0], device=t.device)
+            loss -= log_probs[rows, t].sum()
+            if wants_grad:  # d(-log p_t)/d logits = softmax - one_hot(t)
+                probs = log_probs.exp_()
+                probs[rows, t] -= 1.0
+                grad[start : start + chunk] = torch.matmul(probs.to(weight.dtype), weight).to(hidden.dtype)
+            del log_probs
+        ctx.save_for_backward(grad)
+        return loss
+
+    @staticmethod
+    def backward(ctx: Any, grad_loss: torch.Tensor) -> tuple[torch.Tensor | None, None, None, None, None]:
+        (grad,) = ctx.saved_tensors
+        return grad * grad_loss.to(grad.dtype), None, None, None, None
+
+
+def _scales_logits(config: Any) -> bool:
+    """Whether the model changes its logits after the LM head (softcapping, a logit scale), which the chunked
+    loss would not do."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return any(getattr(text, k, None) not in (None, 1.0) for k in ("final_logit_softcapping", "logit_scale"))
+
+
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformers model inside DDP/FSDP wrappers and peft."""
     inner = model
-    while True:  # unwrap DDP/FSDP wrappers and peft
+    while True:
         if hasattr(inner, "module") and isinstance(inner.module, torch.nn.Module):
             inner = inner.module
         elif hasattr(inner, "get_base_model"):
             inner = inner.get_base_model()
         else:
-            break
-    return "logits_to_keep" in inspect.signature(inner.forward).parameters
+            return inner
+
+
+def _accepts_logits_to_keep(model: torch.nn.Module) -> bool:
+    return "logits_to_keep" in inspect.signature(_unwrap(model).forward).parameters
 
 
 def real_tokens(inputs: dict[str, torch.Tensor]) -> int:
@@ -85,9 +155,10 @@ def real_tokens(inputs: dict[str, torch.Tensor]) -> int:
 class SimplanTrainer(Trainer):
     """transformers Trainer that computes the LM head at completion positions only and counts tokens."""
 
-    def __init__(self, *args: Any, completion_only_logits: bool = True, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, completion_only_logits: bool = True, lm_head_chunk: int = 0, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.completion_only_logits = completion_only_logits and _accepts_logits_to_keep(self.model)
+        self.lm_head_chunk = lm_head_chunk
         self.tokens_seen = 0  # non-padding tokens trained on by this process
         self._last_log = (time.perf_counter(), 0)
 
@@ -104,7 +175,7 @@ class SimplanTrainer(Trainer):
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         if not self.model_accepts_loss_kwargs:
             num_items_in_batch = None  # the Trainer then averages over gradient accumulation itself
-        loss = completion_loss(model, inputs, num_items_in_batch)
+        loss = completion_loss(model, inputs, num_items_in_batch, self.lm_head_chunk)
         if self.args.average_tokens_across_devices and num_items_in_batch is not None:
             loss = loss * self.accelerator.num_processes  # DDP averages gradients; undo it for a token mean
         return (loss, {"loss": loss}) if return_outputs else loss

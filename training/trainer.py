@@ -216,6 +216,7 @@ def _make_trainer(
         processing_class=tokenizer,
         callbacks=callbacks,
         completion_only_logits=train_args.completion_only_logits,
+        lm_head_chunk=train_args.lm_head_chunk,
     )
 
 

@@ -1,0 +1,137 @@
+"""Memory of CPU training: the chunked LM-head loss gives the loss and gradients of the one-piece loss.
+
+.venv/bin/python -m pytest -q tests/test_training_memory.py
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+peft = pytest.importorskip("peft")
+
+from simplan.models.tiny import tiny_model  # noqa: E402
+from simplan.training.completion_trainer import ChunkedHeadLoss, completion_loss  # noqa: E402
+from simplan.training.examples import PackingCollator, PaddingCollator, tokenize_conversation  # noqa: E402
+
+CONVERSATION = [
+    {"role": "system", "content": "You play a text game."},
+    {"role": "user", "content": "You are in room 1 of 3. A key lies on the floor."},
+    {"role": "assistant", "content": "take key"},
+    {"role": "user", "content": "You take the key."},
+    {"role": "assistant", "content": "go east"},
+    {"role": "user", "content": "You are in room 2 of 3."},
+    {"role": "assistant", "content": "go east now"},
+]
+
+
+def _features(tokenizer) -> list[dict[str, list[int]]]:
+    """Windows of different lengths, with a weight-0 turn, as `simplan build` writes them."""
+    weights = [0, 0, 1, 0, 0, 0, 1]
+    return [
+        tokenize_conversation(tokenizer, CONVERSATION[: 3 + 2 * k], weights[: 3 + 2 * k] if k else [0, 0, 1])
+        for k in range(3)
+    ]
+
+
+def _lora_model(arch: str, dtype: torch.dtype):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = tiny_model(arch)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+    # B != 0 (init_lora_weights=False), so the LoRA path changes the hidden states the head reads
+    config = peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj", "down_proj"], init_lora_weights=False)
+    return peft.get_peft_model(model, config), AutoTokenizer.from_pretrained(folder)
+
+
+def _loss_and_grads(model, batch, chunk: int, bf16: bool) -> tuple[float, torch.Tensor]:
+    model.zero_grad(set_to_none=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        loss = completion_loss(model, batch, num_items_in_batch=7, lm_head_chunk=chunk)
+    loss.backward()
+    grads = torch.cat([p.grad.flatten().float() for p in model.parameters() if p.requires_grad])
+    return loss.item(), grads
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("collator", ["padded", "packed"])
+def test_chunked_head_gives_the_loss_and_gradients_of_the_whole_head(arch: str, collator: str) -> None:
+    model, tok = _lora_model(arch, torch.float32)
+    model.eval()  # no dropout: both paths see the same network
+    feats = _features(tok)
+    batch = PaddingCollator(tok.pad_token_id)(feats) if collator == "padded" else PackingCollator()(feats)
+    whole, whole_grads = _loss_and_grads(model, batch, 0, bf16=False)
+    chunked, chunked_grads = _loss_and_grads(model, batch, 5, bf16=False)  # 5 tokens a chunk: several chunks
+    assert chunked == pytest.approx(whole, rel=1e-6)
+    assert torch.allclose(chunked_grads, whole_grads, rtol=1e-4, atol=1e-6)
+    padded = PaddingCollator(tok.pad_token_id)(feats)
+    with torch.no_grad():  # the model's own full-logits loss (a mean) on the padded batch
+        reference = model(**padded).loss.item() * int((padded["labels"][:, 1:] != -100).sum()) / 7
+    assert chunked == pytest.approx(reference, rel=1e-4)
+
+
+def test_chunked_head_under_bf16_autocast_is_within_bf16_rounding() -> None:
+    model, tok = _lora_model("llama", torch.bfloat16)
+    model.eval()
+    batch = PaddingCollator(tok.pad_token_id)(_features(tok))
+    whole, whole_grads = _loss_and_grads(model, batch, 0, bf16=True)
+    chunked, chunked_grads = _loss_and_grads(model, batch, 5, bf16=True)
+    assert chunked == pytest.approx(whole, rel=1e-4)
+    assert ((chunked_grads - whole_grads).norm() / whole_grads.norm()).item() < 0.02  # bf16 keeps ~3 digits
+
+
+def test_chunked_head_keeps_no_logits_for_the_backward() -> None:
+    """What autograd saves for the loss is one gradient per labelled token, not a vocab-wide row per token."""
+    hidden = torch.randn(40, 16, requires_grad=True)
+    weight = torch.randn(1000, 16)
+    targets = torch.randint(0, 1000, (40,))
+    saved: list[int] = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
+        loss = ChunkedHeadLoss.apply(hidden, weight, None, targets, 8)
+    assert max(saved) == 40 * 16
+    loss.backward()
+    again = hidden.detach().requires_grad_()
+    reference = torch.nn.functional.cross_entropy(again @ weight.T, targets, reduction="sum")
+    reference.backward()
+    assert loss.item() == pytest.approx(reference.item(), rel=1e-5)
+    assert torch.allclose(hidden.grad, again.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_a_trainable_head_takes_the_whole_head_path() -> None:
+    """The chunked loss gives the LM head no gradient, so a head that trains is never chunked."""
+    model, tok = _lora_model("llama", torch.float32)
+    head = model.get_output_embeddings()
+    head.weight.requires_grad_(True)
+    batch = PaddingCollator(tok.pad_token_id)(_features(tok))
+    completion_loss(model, batch, lm_head_chunk=5).backward()
+    assert head.weight.grad is not None and head.weight.grad.abs().sum() > 0
+
+
+def test_mask_dropout_keeps_a_bool_mask_and_drops_like_dropout() -> None:
+    from simplan.training.lora import MaskDropout
+
+    torch.manual_seed(0)
+    x = torch.randn(400, 500, requires_grad=True)
+    drop = MaskDropout(0.2)
+    saved: list[torch.dtype] = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.dtype) or t, lambda t: t):
+        y = drop(x)
+    assert saved == [torch.bool]  # F.dropout keeps a float32 noise tensor on the CPU
+    kept = y != 0
+    assert kept.float().mean().item() == pytest.approx(0.8, abs=0.01)
+    assert torch.allclose(y[kept], x[kept] / 0.8)
+    y.sum().backward()
+    assert torch.equal(x.grad, kept.float() / 0.8)
+    assert torch.equal(drop.eval()(x), x)
+
+
+def test_training_models_get_mask_dropout_in_every_lora_layer() -> None:
+    from simplan.training.config import LoraArguments, ModelArguments
+    from simplan.training.lora import MaskDropout, load_model_for_training
+
+    model, _ = load_model_for_training(
+        ModelArguments(model=str(tiny_model("llama"))), LoraArguments(lora_dropout=0.1), False
+    )
+    dropouts = [d for m in model.modules() if hasattr(m, "lora_A") for d in m.lora_dropout.values()]
+    assert dropouts and all(type(d) is MaskDropout and d.p == 0.1 for d in dropouts)
