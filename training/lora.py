@@ -104,11 +104,35 @@ def load_model_for_training(model_args: ModelArguments, lora_args: LoraArguments
         task_type="CAUSAL_LM",
     )
     if saved is None:
-        return get_peft_model(model, config), path
+        return with_mask_dropout(get_peft_model(model, config)), path
     init = Path(lora_args.lora_init)
     _check_lora_init(init, [("target modules", sorted(saved.target_modules), sorted(config.target_modules))])
     # Our config (same shape) rather than the saved one, so this run's dropout applies.
-    return PeftModel.from_pretrained(model, str(init), config=config, is_trainable=True), path
+    return with_mask_dropout(PeftModel.from_pretrained(model, str(init), config=config, is_trainable=True)), path
+
+
+class MaskDropout(torch.nn.Dropout):
+    """nn.Dropout through `torch.native_dropout`, whose backward keeps a bool mask (1 byte an element). On the
+    CPU `F.dropout` keeps a float32 noise tensor instead (4 bytes), and peft's LoRA dropout runs on the float32
+    copy of every adapted layer's input: at 4 x 1,024 tokens on SmolLM2-135M that noise is 2.3 GB of the
+    6.4 GB the backward keeps. Same distribution (keep with 1 - p, scale by 1 / (1 - p)); CUDA's F.dropout is
+    this kernel already."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0.0:
+            return x
+        return torch.native_dropout(x, self.p, True)[0]
+
+
+def with_mask_dropout(model: torch.nn.Module) -> torch.nn.Module:
+    """`model` with every LoRA dropout (peft's `lora_dropout` nn.Dropout modules) a `MaskDropout` of the same p."""
+    for module in model.modules():
+        dropouts = getattr(module, "lora_dropout", None)
+        if isinstance(dropouts, torch.nn.ModuleDict):
+            for name, d in dropouts.items():
+                if type(d) is torch.nn.Dropout:
+                    dropouts[name] = MaskDropout(d.p)
+    return model
 
 
 def save_adapter(model: Any, tokenizer: Any, out: Path, settings: PromptSettings | None) -> None:

@@ -1,0 +1,220 @@
+"""Peak resident memory of a CPU LoRA training step, and where it goes.
+
+    flock /tmp/heavy.lock .venv/bin/python bench/bench_train_memory.py --dataset /tmp/bt/simulator
+    flock /tmp/heavy.lock env MALLOC_ARENA_MAX=2 .venv/bin/python bench/bench_train_memory.py --dataset ...
+    .venv/bin/python bench/bench_train_memory.py --model TINY_FOLDER --dataset DATASET --steps 2 --bf16 false
+
+Loads the model with its LoRA as `simplan train` does (training/lora.py), tokenizes the train fold
+(training/examples.py) and trains `--steps` steps on the longest batches of `--batch-size` rows (the first
+step of a length-grouped run is its longest batch; HF's sampler puts it first on purpose), each step a
+forward and backward of the trainer's loss (training/completion_trainer.py `completion_loss`) under bf16
+autocast, gradient clipping and an AdamW step, as the Trainer does. For every step it prints the peak resident
+memory of the forward, the backward and the optimizer step (VmHWM, reset before each phase through
+/proc/self/clear_refs) and what autograd saved for the backward, by part of the model (LM head and loss,
+attention, MLP, norms, LoRA and its dropout copies, other), each storage counted once, weights left out.
+Settings: `--lm-head-chunk`, `--lora-dropout`, `--gradient-checkpointing`, `--completion-only-logits`, and
+allocator variables in the environment (MALLOC_ARENA_MAX, MALLOC_MMAP_THRESHOLD_, ...), which glibc reads at
+start-up. Prints a Markdown table and writes JSON with --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import torch
+
+MB = 2**20
+
+
+def rss_mb(field: str = "VmRSS") -> float:
+    """The process's resident memory now (VmRSS) or its peak since the last reset (VmHWM), in MB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def reset_peak() -> None:
+    """Start VmHWM again from the current resident size (Linux: write 5 to clear_refs)."""
+    Path("/proc/self/clear_refs").write_text("5")
+
+
+# ---------------------------------------------------------------------------------------------
+# What autograd keeps for the backward, by part of the model
+# ---------------------------------------------------------------------------------------------
+def part_of(module_path: str) -> str:
+    """The part of the model a module belongs to, from its dotted name (peft's names included)."""
+    if "lora_dropout" in module_path:
+        return "LoRA dropout copies"
+    if "lora_" in module_path:
+        return "LoRA A/B"
+    if "lm_head" in module_path or not module_path:  # outside the model: the loss after the logits
+        return "LM head + loss"
+    for key, part in (("self_attn", "attention"), ("mlp", "MLP"), ("norm", "norms")):
+        if key in module_path:
+            return part
+    return "other (embeddings, rotary)"
+
+
+class SavedTensors:
+    """Bytes saved for the backward while this is entered, by `part_of` the innermost running module."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.stack: list[str] = []
+        self.bytes: Counter = Counter()
+        self.seen: set[int] = set()
+        self.weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        self.handles: list[Any] = []
+
+    def __enter__(self) -> SavedTensors:
+        for name, module in self.model.named_modules():
+            self.handles.append(module.register_forward_pre_hook(lambda m, a, name=name: self.stack.append(name)))
+            self.handles.append(module.register_forward_hook(self.leave))
+        self.hooks = torch.autograd.graph.saved_tensors_hooks(self.pack, lambda t: t)
+        self.hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.hooks.__exit__(*exc)
+        for h in self.handles:
+            h.remove()
+
+    def leave(self, module: torch.nn.Module, inputs: Any, output: Any) -> None:
+        self.stack.pop()  # returns None: a forward hook's return value would replace the module's output
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        key = storage.data_ptr()
+        if key not in self.seen and key not in self.weights:
+            self.seen.add(key)
+            self.bytes[part_of(self.stack[-1] if self.stack else "")] += storage.nbytes()
+        return t
+
+
+# ---------------------------------------------------------------------------------------------
+# The run
+# ---------------------------------------------------------------------------------------------
+def longest_batches(train_ds: Any, batch_size: int, steps: int) -> list[list[dict[str, Any]]]:
+    lengths = list(train_ds["length"])
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    return [[train_ds[i] for i in order[s * batch_size : (s + 1) * batch_size]] for s in range(steps)]
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from transformers import set_seed
+
+    from simplan.models.registry import load_tokenizer
+    from simplan.training.completion_trainer import completion_loss
+    from simplan.training.config import DataArguments, LoraArguments, ModelArguments
+    from simplan.training.examples import PaddingCollator, tokenized_splits
+    from simplan.training.lora import load_model_for_training
+
+    torch.set_num_threads(args.threads)
+    start_rss = rss_mb()
+    tokenizer = load_tokenizer(args.model)
+    splits = tokenized_splits(
+        DataArguments(dataset=args.dataset, max_length=args.max_length, eval_split=""), tokenizer
+    )
+    set_seed(0)
+    model, _ = load_model_for_training(
+        ModelArguments(model=args.model), LoraArguments(lora_dropout=args.lora_dropout), args.bf16
+    )
+    if args.gradient_checkpointing:
+        model.enable_input_require_grads()
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+    collate = PaddingCollator(tokenizer.pad_token_id)
+    loaded_rss = rss_mb()
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if args.bf16 else contextlib.nullcontext()
+    rows = []
+    for features in longest_batches(splits.train, args.batch_size, args.steps):
+        batch = collate(features)
+        began = time.perf_counter()
+        reset_peak()
+        with SavedTensors(model) as saved, autocast:
+            if args.completion_only_logits:
+                loss = completion_loss(model, batch, lm_head_chunk=args.lm_head_chunk)
+            else:
+                loss = model(**batch, use_cache=False).loss
+        forward_peak = rss_mb("VmHWM")
+        reset_peak()
+        loss.backward()
+        backward_peak = rss_mb("VmHWM")
+        reset_peak()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        rows.append(
+            {
+                "rows": len(features),
+                "padded_length": batch["input_ids"].shape[1],
+                "tokens": int(batch["attention_mask"].sum()),
+                "labelled": int((batch["labels"] != -100).sum()),
+                "forward_peak_mb": round(forward_peak),
+                "backward_peak_mb": round(backward_peak),
+                "optimizer_peak_mb": round(rss_mb("VmHWM")),
+                "rss_after_mb": round(rss_mb()),
+                "saved_mb": {k: round(v / MB) for k, v in saved.bytes.most_common()},
+                "saved_total_mb": round(sum(saved.bytes.values()) / MB),
+                "seconds": round(time.perf_counter() - began, 1),
+            }
+        )
+        print(json.dumps(rows[-1]), flush=True)
+    allocator = {k: v for k, v in os.environ.items() if k.startswith("MALLOC_") or k in ("LD_PRELOAD",)}
+    return {
+        "start_rss_mb": round(start_rss),
+        "loaded_rss_mb": round(loaded_rss),
+        "peak_rss_mb": round(max(max(r["forward_peak_mb"], r["backward_peak_mb"]) for r in rows)),
+        "steps": rows,
+        "allocator_env": allocator,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--dataset", required=True, help="dataset folder from `simplan build`")
+    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--max-length", type=int, default=1280, help="rows longer than this are dropped (as in train)")
+    p.add_argument("--steps", type=int, default=3, help="steps, on the longest batches first")
+    p.add_argument("--bf16", type=lambda v: v.lower() in ("1", "true", "yes"), default=True)
+    p.add_argument("--lora-dropout", type=float, default=0.05)
+    p.add_argument("--gradient-checkpointing", action="store_true")
+    p.add_argument("--completion-only-logits", type=lambda v: v.lower() in ("1", "true", "yes"), default=True)
+    p.add_argument("--lm-head-chunk", type=int, default=0, help="labelled tokens per LM-head chunk (0: at once)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", default="", help="write the results as JSON here")
+    args = p.parse_args(argv)
+    result = run(args)
+    print(
+        f"\nloaded (model, LoRA, tokenized data): {result['loaded_rss_mb']:,} MB; allocator {result['allocator_env']}"
+    )
+    parts = sorted({k for r in result["steps"] for k in r["saved_mb"]})
+    print(
+        "| step | rows x length | forward peak | backward peak | after step | saved total | "
+        + " | ".join(parts)
+        + " |"
+    )
+    print("|---" * (6 + len(parts)) + "|")
+    for i, r in enumerate(result["steps"], 1):
+        cells = [f"{r['saved_mb'].get(k, 0):,}" for k in parts]
+        print(
+            f"| {i} | {r['rows']} x {r['padded_length']} | {r['forward_peak_mb']:,} | {r['backward_peak_mb']:,} | "
+            f"{r['rss_after_mb']:,} | {r['saved_total_mb']:,} | " + " | ".join(cells) + " |"
+        )
+    if args.out:
+        Path(args.out).write_text(json.dumps({"args": vars(args), **result}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
