@@ -47,24 +47,10 @@ SPIN = "while True:\n    pass\n"  # the competitor: one core busy, no threads
 
 
 def free_cores(seconds: float = 0.5) -> int:
-    """Cores this process may use (its affinity: `taskset -c 0,1` makes a 2-core machine of a big one)
-    that everything else left idle over `seconds`, from /proc/stat; at least 1."""
-    allowed = {f"cpu{i}" for i in os.sched_getaffinity(0)}
+    """Cores this process may use that everything else left idle over `seconds` (core/cpu.py); at least 1."""
+    from simplan.core.cpu import idle_cores
 
-    def sample() -> tuple[int, int]:
-        idle = total = 0
-        for line in Path("/proc/stat").read_text().splitlines():
-            name, *values = line.split()
-            if name in allowed:
-                fields = [int(x) for x in values]
-                idle, total = idle + fields[3] + fields[4], total + sum(fields)  # idle + iowait, all
-        return idle, total
-
-    idle0, total0 = sample()
-    time.sleep(seconds)
-    idle1, total1 = sample()
-    share = (idle1 - idle0) / max(total1 - total0, 1)
-    return max(1, round(share * len(allowed)))
+    return max(1, round(idle_cores(seconds) or 1))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -3,13 +3,17 @@
 Each subcommand is a module in scripts/ with `main(argv: list[str] | None) -> int`; they are
 imported lazily so `simplan validate` does not pay for importing torch.
 
-Before a subcommand is imported (and with it torch, whose OpenMP runtime reads its settings once,
-when it loads) `OMP_WAIT_POLICY=PASSIVE` is set unless the environment already has a value: OpenMP
-threads waiting for work then sleep instead of spinning, so a competing process on a small machine
-slows training and evaluation in proportion instead of collapsing them (2 torch threads on 2 cores
-next to one busy single-threaded job: ~8 s -> ~50 s per training step with spinning threads).
-bench/bench_under_load.py measures it. `simplan serve` is left alone: vLLM pins its threads to the
-cores it owns, where spinning is what it wants. Export OMP_WAIT_POLICY=ACTIVE to get spinning back.
+Before a subcommand is imported (and with it torch, whose OpenMP runtime reads its settings once, when it
+loads) OpenMP's wait policy is chosen unless the environment already has one (OMP_WAIT_POLICY or
+GOMP_SPINCOUNT). A command that runs a model for long (train, eval, run, pipeline, ...) looks at the cores
+for 0.3 s: when they are free, waiting OpenMP threads spin briefly before they sleep (GOMP_SPINCOUNT=10000:
+the planner's many small forward passes run ~1.4x faster than with sleeping threads); when another job
+keeps them busy, and for every other command, `OMP_WAIT_POLICY=PASSIVE`: waiting threads sleep at once, so
+a competing process slows training and evaluation in proportion instead of collapsing them (2 torch threads
+on 2 cores next to one busy job: ~8 s -> ~50 s per training step with long-spinning threads).
+bench/bench_under_load.py and bench/RESULTS.md "Thread settings" measure both. `simplan serve` is left
+alone: vLLM pins its threads to the cores it owns, where spinning is what it wants. Export
+OMP_WAIT_POLICY=PASSIVE or ACTIVE to choose yourself.
 
 Errors are caught once, here: a `UsageError` (core/errors.py: a flag, a path or an input that cannot work)
 exits 2 with its message; Ctrl-C exits 130; any other exception exits 1 with one line and the path of a file
@@ -58,17 +62,38 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-# Environment defaults for the OpenMP runtime of torch; a value the user exported wins.
-OPENMP_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE"}
+# OpenMP's wait policy for torch (libgomp), chosen before torch loads; a value the user exported wins.
+SPIN_SHORT = {"GOMP_SPINCOUNT": "10000"}  # waiting threads spin briefly, then sleep
+PASSIVE = {"OMP_WAIT_POLICY": "PASSIVE"}  # waiting threads sleep at once
+OPENMP_KEYS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 OPENMP_UNTOUCHED = ("serve",)  # subcommands that keep the runtime's own defaults (see the module docstring)
+MODEL_COMMANDS = ("train", "eval", "eval-model", "fit-judge", "run", "pipeline", "flywheel")  # run a model for long
+IDLE_SHARE = 0.85  # of the cores idle when the command starts: spin briefly, else sleep
 
 
-def set_openmp_defaults(command: str, environ: MutableMapping[str, str] = os.environ) -> None:
-    """Set OPENMP_DEFAULTS in `environ` where unset, for `command`; must run before torch is imported."""
+def openmp_settings(command: str, idle: float | None, cores: int) -> dict[str, str]:
+    """The OpenMP settings for `command` given the cores left `idle` (core/cpu.py) out of `cores`: spin briefly
+    where a model command finds the cores free, sleep at once otherwise (bench/RESULTS.md "Thread settings")."""
     if command in OPENMP_UNTOUCHED:
-        return
-    for key, value in OPENMP_DEFAULTS.items():
-        environ.setdefault(key, value)
+        return {}
+    if command in MODEL_COMMANDS and idle is not None and idle >= IDLE_SHARE * cores:
+        return dict(SPIN_SHORT)
+    return dict(PASSIVE)
+
+
+def set_openmp_defaults(command: str, environ: MutableMapping[str, str] = os.environ) -> dict[str, str]:
+    """Set `openmp_settings` in `environ` unless the user set a wait policy; must run before torch is imported.
+    Returns what it set."""
+    if command in OPENMP_UNTOUCHED or any(k in environ for k in OPENMP_KEYS):
+        return {}
+    idle = None
+    if command in MODEL_COMMANDS:
+        from simplan.core.cpu import idle_cores
+
+        idle = idle_cores()
+    chosen = openmp_settings(command, idle, len(os.sched_getaffinity(0)))
+    environ.update(chosen)
+    return chosen
 
 
 def usage() -> str:

@@ -1,4 +1,4 @@
-"""scripts/cli.py: the OpenMP wait policy is set before a subcommand (and torch) loads, unless the user set one."""
+"""scripts/cli.py: the OpenMP wait policy is chosen before a subcommand (and torch) loads, unless the user set one."""
 
 from __future__ import annotations
 
@@ -8,26 +8,37 @@ from types import SimpleNamespace
 from simplan.scripts import cli
 
 
-def test_passive_wait_policy_unless_the_user_chose_one() -> None:
-    environ: dict[str, str] = {}
-    cli.set_openmp_defaults("train", environ)
-    assert environ == {"OMP_WAIT_POLICY": "PASSIVE"}
-    environ = {"OMP_WAIT_POLICY": "ACTIVE"}
-    cli.set_openmp_defaults("eval", environ)
-    assert environ == {"OMP_WAIT_POLICY": "ACTIVE"}  # the user's own value wins
+def test_wait_policy_spins_briefly_on_free_cores_and_sleeps_beside_other_jobs() -> None:
+    assert cli.openmp_settings("eval", idle=1.95, cores=2) == {"GOMP_SPINCOUNT": "10000"}
+    assert cli.openmp_settings("train", idle=1.0, cores=2) == {"OMP_WAIT_POLICY": "PASSIVE"}  # one core is busy
+    assert cli.openmp_settings("eval", idle=None, cores=2) == {"OMP_WAIT_POLICY": "PASSIVE"}  # no /proc/stat
+    assert cli.openmp_settings("build", idle=2.0, cores=2) == {"OMP_WAIT_POLICY": "PASSIVE"}  # runs no model
+    assert cli.openmp_settings("serve", idle=2.0, cores=2) == {}  # vLLM's server keeps the runtime's defaults
+
+
+def test_the_users_wait_policy_wins() -> None:
+    for mine in ({"OMP_WAIT_POLICY": "ACTIVE"}, {"GOMP_SPINCOUNT": "0"}):
+        environ = dict(mine)
+        assert cli.set_openmp_defaults("eval", environ) == {}
+        assert environ == mine
+    environ = {}
+    chosen = cli.set_openmp_defaults("train", environ)
+    assert environ == chosen and chosen in ({"OMP_WAIT_POLICY": "PASSIVE"}, {"GOMP_SPINCOUNT": "10000"})
     environ = {}
     cli.set_openmp_defaults("serve", environ)
-    assert environ == {}  # vLLM's server keeps the runtime's defaults
+    assert environ == {}
 
 
 def test_main_sets_the_policy_before_importing_the_subcommand(monkeypatch) -> None:
     seen: dict[str, str | None] = {}
 
     def import_module(name: str) -> SimpleNamespace:
-        seen[name] = os.environ.get("OMP_WAIT_POLICY")
+        seen[name] = os.environ.get("OMP_WAIT_POLICY") or os.environ.get("GOMP_SPINCOUNT")
         return SimpleNamespace(main=lambda argv: 0)
 
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    monkeypatch.setattr(cli, "openmp_settings", lambda command, idle, cores: {"OMP_WAIT_POLICY": "PASSIVE"})
     monkeypatch.setattr(cli.importlib, "import_module", import_module)
     assert cli.main(["train", "--help"]) == 0
     assert seen == {"simplan.scripts.train": "PASSIVE"}
