@@ -450,3 +450,49 @@ def test_vllm_reports_prefix_cache_hits(vllm_engine):
     cached = after["cached_tokens"] - before["cached_tokens"]
     assert sent > 2 * 256 and 256 <= cached < sent / 2  # the second copy, block-aligned, minus its last block
     assert 0 < after["hit_rate"] <= 1
+
+
+# ------------------------------------------------------------------------- batching across episodes (issue 31)
+def _same_run(value):
+    """An event's content without its timings (`t`, `*seconds`, the run id), floats to 3 decimals: a batched
+    forward's float rounding moves a mean token logprob in its 6th digit, never a token."""
+    if isinstance(value, dict):
+        return {k: _same_run(v) for k, v in value.items() if k not in ("t", "run_id") and not k.endswith("seconds")}
+    if isinstance(value, list):
+        return [_same_run(v) for v in value]
+    return round(value, 3) if isinstance(value, float) else value
+
+
+def _episode_events(out) -> dict[str, list[dict]]:
+    """Per episode: its trace events as `_same_run` keeps them (what it did, foresaw and paid in tokens)."""
+    from simplan.inference.planning.trace import read_traces
+
+    return {t.episode_id: [_same_run(e.to_dict()) for e in t.events] for t in read_traces(out / "traces.jsonl")}
+
+
+def test_concurrent_episodes_on_one_hf_engine_match_sequential_runs(tiny, tmp_path):
+    """The batcher merges several episodes' requests into one forward (prefill and decode), yet every episode
+    takes the same actions and imagines the same texts as when the episodes run one at a time."""
+    from simplan.evaluation.runner import EvalConfig, evaluate
+
+    base, adapters = tiny
+    runs = {}
+    for concurrency in (1, 4):
+        engine = make_engine("hf", base, adapters, dtype="float32", threads=1, batch_size=8)
+        cfg = EvalConfig(
+            suite="toy-dev",
+            arms=["reactive", "simplan"],
+            episodes=4,
+            max_steps=6,
+            out=str(tmp_path / f"c{concurrency}"),
+            progress=False,
+            planner={"sampling": {"simulator_max_tokens": 12, "decider_max_tokens": 8}},
+        )
+        outcome = evaluate(cfg, engine, concurrency=concurrency)
+        assert outcome.ran == 8 and outcome.errored == 0
+        if concurrency > 1:
+            assert outcome.batch["max_calls_per_batch"] > 1  # several episodes' calls in one engine call
+        runs[concurrency] = _episode_events(outcome.out)
+        engine.close()
+    assert runs[1] == runs[4]
+    assert any(e["type"] == "imagine" and e["horizon"] > 0 for events in runs[1].values() for e in events)

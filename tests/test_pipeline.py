@@ -253,11 +253,14 @@ def _stages_available() -> bool:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not _stages_available(), reason="simplan train or its recipes are not there yet")
-def test_toy_tiny_pipeline_end_to_end(tmp_path, monkeypatch) -> None:
+def test_toy_tiny_pipeline_end_to_end(tmp_path, monkeypatch, capsys) -> None:
     monkeypatch.chdir(REPO)
     out = tmp_path / "toy-tiny"
     argv = ["--config", "recipes/pipeline/toy-tiny.yaml", "--out", str(out)]
     assert main(argv) == 0
+    # the summary ends on the paired comparison the report opens with
+    printed = capsys.readouterr().out
+    assert "simplan - reactive = " in printed and "paired tasks" in printed and "exact McNemar p = " in printed
     report = out / "report" / "report.md"
     assert report.exists() and (out / "report" / "report.html").exists()
     assert (out / "train" / "decider" / "adapter" / "adapter_config.json").exists()

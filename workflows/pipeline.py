@@ -70,6 +70,7 @@ from simplan.workflows.pipeline_stages import (
     command_line,
     eval_stage_config,
     flags,
+    paired_headline,
     resolve_base_model,
     run_build,
     run_collect,
@@ -511,6 +512,7 @@ class Pipeline:
         arms = arm_success(self.out / "eval")
         if arms:
             lines.append("  eval success by arm: " + ", ".join(_rate(a) for a in arms))
+        lines += [f"  {line}" for line in paired_headline(self.out / "eval")]
         report = self.report_html()
         if report.exists():
             lines.append(f"report: {report.resolve()}")

@@ -234,3 +234,15 @@ def arm_success(run: Path) -> list[ArmSuccess]:
     from simplan.evaluation.report_data import load_run_data
 
     return [ArmSuccess(m.arm, m.successes, m.episodes, m.errored) for m in load_run_data(run).arms]
+
+
+def paired_headline(run: Path) -> list[str]:
+    """The report's opening lines for an eval folder (each arm against the first, paired; plain text), [] before
+    any episode."""
+    if not (run / "traces.jsonl").exists():
+        return []
+    from simplan.evaluation.report_data import load_run_data
+    from simplan.evaluation.report_tables import headline
+
+    data = load_run_data(run)
+    return [line.replace("**", "").removeprefix(f"{data.name}: ") for line in headline([data])]
