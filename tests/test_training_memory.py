@@ -135,3 +135,39 @@ def test_training_models_get_mask_dropout_in_every_lora_layer() -> None:
     )
     dropouts = [d for m in model.modules() if hasattr(m, "lora_A") for d in m.lora_dropout.values()]
     assert dropouts and all(type(d) is MaskDropout and d.p == 0.1 for d in dropouts)
+
+
+def test_train_with_bf16_weights_gives_the_same_first_loss_chunked_or_not(tmp_path) -> None:
+    """Through the Trainer (accelerate runs the forward under autocast and hands float32 outputs back) with bf16
+    base weights: the chunked head trains, and its first loss is the one-piece head's."""
+    import json
+
+    from datasets import Dataset, DatasetDict
+
+    from simplan.training.config import DataArguments, LoraArguments, ModelArguments, TrainArguments
+    from simplan.training.trainer import train
+
+    rows = [{"messages": CONVERSATION[: 3 + 2 * k], "weights": [0, 0, 1, 0, 1, 0, 1][: 3 + 2 * k]} for k in range(3)]
+    DatasetDict({"train": Dataset.from_list(rows * 4)}).save_to_disk(str(tmp_path / "data"))
+    first = {}
+    for chunk in (0, 5):
+        out = tmp_path / f"run-{chunk}"
+        train(
+            ModelArguments(model=str(tiny_model("llama"))),
+            LoraArguments(lora_r=4, lora_alpha=8, lora_dropout=0.0),
+            DataArguments(dataset=str(tmp_path / "data"), eval_split=""),
+            TrainArguments(
+                output_dir=str(out),
+                max_steps=2,
+                per_device_train_batch_size=4,
+                bf16="true",
+                lm_head_chunk=chunk,
+                logging_steps=1,
+                save_steps=100,
+                report_to="none",
+                seed=0,
+            ),
+        )
+        logs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        first[chunk] = [r["loss"] for r in logs if "loss" in r][0]
+    assert first[5] == pytest.approx(first[0], rel=1e-3)

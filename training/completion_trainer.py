@@ -99,7 +99,8 @@ class ChunkedHeadLoss(torch.autograd.Function):
         grad = torch.empty_like(hidden) if wants_grad else None
         for start in range(0, hidden.shape[0], chunk):
             h, t = hidden[start : start + chunk], targets[start : start + chunk]
-            logits = torch.nn.functional.linear(h, weight, bias).float()
+            # The head's dtype: accelerate hands the model's outputs back in float32, outside autocast
+            logits = torch.nn.functional.linear(h.to(weight.dtype), weight, bias).float()
             log_probs = torch.log_softmax(logits, dim=-1)
             del logits
             rows = torch.arange(t.shape[0], device=t.device)
