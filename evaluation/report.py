@@ -37,6 +37,7 @@ from simplan.evaluation.report_data import RunData, load_run_data
 from simplan.evaluation.report_plots import PLOTS
 from simplan.evaluation.report_tables import (
     Table,
+    arm_comparisons,
     arms_table,
     family_tables,
     files_table,
@@ -109,7 +110,8 @@ def write_report(
         raise ValueError(f"write_report: no finished episode in {', '.join(empty)}; run `simplan eval` first")
     by_game = [family_tables(r) for r in runs]
     # The paired comparison first, then per game, then why episodes were lost; the per-arm rates after them.
-    main = [paired_table(runs)]
+    comparisons = arm_comparisons(runs)
+    main = [paired_table(comparisons)]
     between_runs = runs_table(runs)
     if between_runs is not None:
         main.append(between_runs)
@@ -143,7 +145,7 @@ def write_report(
         "deduplicated by episode id. Success intervals are Wilson 95%; arms are compared task by task "
         "(exact McNemar test, paired bootstrap interval)."
     )
-    lead = headline(runs)
+    lead = headline(comparisons)
     md = [f"# {title}", ""] + [f"- {line}" for line in lead] + ["", intro, ""]
     md += [t.markdown() for t in main]
     md += ["## Plots", ""]

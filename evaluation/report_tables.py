@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from simplan.evaluation.losses import LOSS_CLASSES, LOSS_LABELS
 from simplan.evaluation.metrics import GroupMetrics
-from simplan.evaluation.paired import PairedComparison, arms_in_order, compare_all, compare_runs
+from simplan.evaluation.paired import PairedComparison, compare_all, compare_runs
 from simplan.evaluation.report_data import RunData
 
 
@@ -211,24 +211,32 @@ PAIRED_COLUMNS = [  # after the two naming what is compared (paired_row)
 ]
 
 
-def headline(runs: list[RunData]) -> list[str]:
-    """What the report leads with: each arm of each run against its first arm (reactive when played), as a
-    sentence with the paired difference, its interval, the discordant tasks and the McNemar p-value."""
+def arm_comparisons(runs: list[RunData]) -> list[tuple[str, PairedComparison]]:
+    """Every pair of arms of each run, compared task by task (evaluation/paired.py `compare_all`), with the run's
+    name: computed once per report, for its headline and its paired table."""
+    return [(r.name, c) for r in runs for c in compare_all(r.records)]
+
+
+def headline(comparisons: list[tuple[str, PairedComparison]]) -> list[str]:
+    """What the report leads with: each arm of each run against the run's first arm (reactive when played; the
+    first of `compare_all`'s pairs names it), as a sentence with the paired difference, its interval, the
+    discordant tasks and the McNemar p-value."""
+    first: dict[str, str] = {}
     lines = []
-    for r in runs:
-        first = arms_in_order(r.records)[0] if r.records else None
-        for c in (c for c in compare_all(r.records) if c.arm_a == first):
-            lines.append(
-                f"{r.name}: **{c.arm_b} - {c.arm_a} = {signed_pct(c.difference)} points** "
-                f"[{signed_pct(c.ci_low)}, {signed_pct(c.ci_high)}] (95% paired bootstrap) on {c.pairs} paired "
-                f"tasks: {c.b_successes}/{c.pairs} against {c.a_successes}/{c.pairs}; won by {c.arm_b} only "
-                f"{c.b_only}, by {c.arm_a} only {c.a_only}; exact McNemar p = {c.p_value:.3g}."
-            )
+    for run, c in comparisons:
+        if first.setdefault(run, c.arm_a) != c.arm_a:
+            continue
+        lines.append(
+            f"{run}: **{c.arm_b} - {c.arm_a} = {signed_pct(c.difference)} points** "
+            f"[{signed_pct(c.ci_low)}, {signed_pct(c.ci_high)}] (95% paired bootstrap) on {c.pairs} paired "
+            f"tasks: {c.b_successes}/{c.pairs} against {c.a_successes}/{c.pairs}; won by {c.arm_b} only "
+            f"{c.b_only}, by {c.arm_a} only {c.a_only}; exact McNemar p = {c.p_value:.3g}."
+        )
     return lines
 
 
-def paired_table(runs: list[RunData]) -> Table:
-    rows = [paired_row(r.name, c) for r in runs for c in compare_all(r.records)]
+def paired_table(comparisons: list[tuple[str, PairedComparison]]) -> Table:
+    rows = [paired_row(run, c) for run, c in comparisons]
     return Table(
         "Paired differences between arms (same tasks)",
         ["run", "arms (B - A)", *PAIRED_COLUMNS],

@@ -68,6 +68,7 @@ from simplan.workflows.pipeline_stages import (
     arm_success,
     changed_fields,
     command_line,
+    eval_run,
     eval_stage_config,
     flags,
     paired_headline,
@@ -509,10 +510,11 @@ class Pipeline:
         for r in self.records:
             seconds = "-" if r.seconds is None else f"{r.seconds:.1f}"
             lines.append(f"  {r.name:<16} {r.status:<13} {seconds:>8}  {r.result}".rstrip())
-        arms = arm_success(self.out / "eval")
+        run = eval_run(self.out / "eval")  # read once for both lines
+        arms = arm_success(run)
         if arms:
             lines.append("  eval success by arm: " + ", ".join(_rate(a) for a in arms))
-        lines += [f"  {line}" for line in paired_headline(self.out / "eval")]
+        lines += [f"  {line}" for line in paired_headline(run)]
         report = self.report_html()
         if report.exists():
             lines.append(f"report: {report.resolve()}")

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from simplan.core.config import load_configs
 from simplan.data.build import BuildConfig
@@ -27,6 +27,9 @@ from simplan.data.collect import CollectConfig
 from simplan.evaluation.runner import EvalConfig
 from simplan.inference.engines.config import MODEL_FREE_KINDS, EngineConfig
 from simplan.training.config import DataArguments, LoraArguments, ModelArguments, TrainArguments
+
+if TYPE_CHECKING:
+    from simplan.evaluation.report_data import RunData
 
 TINY_PREFIX = "tiny-"  # "tiny-llama" / "tiny-qwen2": a tiny random model made on the fly (tests, quick runs)
 TRAIN_CONFIGS = (ModelArguments, LoraArguments, DataArguments, TrainArguments)  # `simplan train`'s dataclasses
@@ -227,22 +230,26 @@ def resolve_base_model(name: str, fetch: bool = True) -> str:
     return resolve_model(name, fetch=fetch)
 
 
-def arm_success(run: Path) -> list[ArmSuccess]:
-    """Successes per arm of an eval folder, from its traces (as the report counts them); [] before any."""
+def eval_run(run: Path) -> RunData | None:
+    """An eval folder's traces as the report reads them (evaluation/report_data.py); None before any."""
     if not (run / "traces.jsonl").exists():
-        return []
+        return None
     from simplan.evaluation.report_data import load_run_data
 
-    return [ArmSuccess(m.arm, m.successes, m.episodes, m.errored) for m in load_run_data(run).arms]
+    return load_run_data(run)
 
 
-def paired_headline(run: Path) -> list[str]:
-    """The report's opening lines for an eval folder (each arm against the first, paired; plain text), [] before
+def arm_success(run: Path | RunData | None) -> list[ArmSuccess]:
+    """Successes per arm of an eval folder (or of its `eval_run`), as the report counts them; [] before any."""
+    data = eval_run(run) if isinstance(run, Path) else run
+    return [] if data is None else [ArmSuccess(m.arm, m.successes, m.episodes, m.errored) for m in data.arms]
+
+
+def paired_headline(data: RunData | None) -> list[str]:
+    """The report's opening lines for an `eval_run` (each arm against the first, paired; plain text), [] before
     any episode."""
-    if not (run / "traces.jsonl").exists():
+    if data is None:
         return []
-    from simplan.evaluation.report_data import load_run_data
-    from simplan.evaluation.report_tables import headline
+    from simplan.evaluation.report_tables import arm_comparisons, headline
 
-    data = load_run_data(run)
-    return [line.replace("**", "").removeprefix(f"{data.name}: ") for line in headline([data])]
+    return [line.replace("**", "").removeprefix(f"{data.name}: ") for line in headline(arm_comparisons([data]))]
