@@ -30,20 +30,9 @@ from typing import Any
 
 import torch
 
+from simplan.core.memory import peak_reset, rss_mb
+
 MB = 2**20
-
-
-def rss_mb(field: str = "VmRSS") -> float:
-    """The process's resident memory now (VmRSS) or its peak since the last reset (VmHWM), in MB."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError(f"/proc/self/status has no {field}")
-
-
-def reset_peak() -> None:
-    """Start VmHWM again from the current resident size (Linux: write 5 to clear_refs)."""
-    Path("/proc/self/clear_refs").write_text("5")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -139,17 +128,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for features in longest_batches(splits.train, args.batch_size, args.steps):
         batch = collate(features)
         began = time.perf_counter()
-        reset_peak()
+        peak_reset()
         with SavedTensors(model) as saved, autocast:
             if args.completion_only_logits:
                 loss = completion_loss(model, batch, lm_head_chunk=args.lm_head_chunk)
             else:
                 loss = model(**batch, use_cache=False).loss
         forward_peak = rss_mb("VmHWM")
-        reset_peak()
+        peak_reset()
         loss.backward()
         backward_peak = rss_mb("VmHWM")
-        reset_peak()
+        peak_reset()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

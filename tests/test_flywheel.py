@@ -321,7 +321,7 @@ def test_flywheel_round_converts_merges_and_rebuilds(tmp_path, monkeypatch) -> N
     stats = json.loads((tmp_path / "round" / "datasets" / "simulator" / "stats.json").read_text())
     assert stats["trajectories"]["used"] == 2 + 2 + 3  # the old train and dev episodes, and the harvested ones
     assert stats["inputs"][-1] == str(tmp_path / "round" / "data" / "traces.jsonl")
-    assert re.search(r"traces\s+ran\s+[\d.]+\s+3 episodes", flywheel.summary())
+    assert re.search(r"traces\s+ran\s+[\d.]+\s+[\d.]+\s+3 episodes", flywheel.summary())  # seconds, peak GB
 
     # the adapters are continued, not started afresh, and the next eval is of the new ones
     assert flywheel.stage("train-decider").config["LoraArguments"]["lora_init"] == "runs/old/decider/adapter"
@@ -460,8 +460,9 @@ def test_flywheel_twx_recipe_continues_the_demo(monkeypatch) -> None:
     assert set(cfg.estimates) == set(FLYWHEEL_STAGES)
     assert flywheel._expected(list(FLYWHEEL_STAGES), list(FLYWHEEL_STAGES)) == list(FLYWHEEL_STAGES)  # all hash
     harvest = flywheel.stage("harvest").command
-    assert "--suite twx-train-small" in harvest and "--episodes 0 --max_steps 0" in harvest  # all 32 tasks, own caps
-    assert "--episodes 1 --max_steps 25" in flywheel.stage("eval").command
+    assert "--suite twx-train-small" in harvest and "--episodes 0" in harvest  # all 32 tasks
+    assert "--max_steps" not in harvest  # each under its own cap, like the eval
+    assert "--suite twx-dev --arms reactive,simplan --episodes 3 " in flywheel.stage("eval").command
     check = flywheel.stage("simulator-check").command
     assert f"--runs {cfg.before}" in check and "--max_prompt_tokens 640" in check and "--limit 120" in check
     assert "--oversample" in flywheel.stage("build-simulator").command and "--oversample" not in check

@@ -126,6 +126,35 @@ def test_time_left_and_summary(tmp_path, fake_stages, capsys) -> None:
     assert "report           reused" in summary
 
 
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="peak memory is read from Linux /proc")
+def test_each_stage_reports_its_own_peak_memory(tmp_path, fake_stages, monkeypatch, capsys) -> None:
+    fake = pl.Pipeline.stage
+
+    def stage(self: pl.Pipeline, name: str) -> pl.Stage:
+        st = fake(self, name)
+        if name == "train-decider":
+            run = st.run
+
+            def allocating() -> str:
+                block = bytearray(300 << 20)  # 300 MB touched, freed before the stage ends
+                block[::4096] = b"x" * len(block[::4096])
+                del block
+                return run()
+
+            st.run = allocating
+        return st
+
+    monkeypatch.setattr(pl.Pipeline, "stage", stage)
+    assert main(["--out", str(tmp_path / "p")]) == 0
+    peaks = {m.stem: json.loads(m.read_text())["peak_mb"] for m in (tmp_path / "p" / ".stages").glob("*.json")}
+    assert peaks["train-decider"] >= peaks["build-simulator"] + 250  # the 300 MB show in its own stage only
+    assert peaks["train-simulator"] < peaks["train-decider"] - 250  # the peak starts again for the next stage
+    summary = capsys.readouterr().out.split("pipeline summary")[1]
+    assert "peak GB" in summary
+    row = next(line for line in summary.splitlines() if "train-decider" in line).split()
+    assert float(row[3]) == pytest.approx(peaks["train-decider"] / 1024, abs=0.06)
+
+
 def test_a_failing_stage_is_summarised_with_its_command(tmp_path, fake_stages, monkeypatch, capsys) -> None:
     fake = pl.Pipeline.stage
 
@@ -163,7 +192,9 @@ def test_stage_configs_come_from_the_recipes(tmp_path, monkeypatch, capsys) -> N
     assert collect_dev["limit"] == 3 and collect_dev["workers"] == 2
     assert pipeline.stage("build-simulator").config["build"]["max_prompt_tokens"] == 640
     eval_stage = pipeline.stage("eval")
-    assert eval_stage.config["eval"]["concurrency"] == 12 and eval_stage.config["eval"]["max_steps"] == 25
+    assert eval_stage.config["eval"]["concurrency"] == 12 and eval_stage.config["eval"]["episodes"] == 3
+    assert "max_steps" not in eval_stage.config["eval"]  # each task's cap comes from its expert path (the suite's)
+    assert eval_stage.config["eval"]["arm_overrides"]["simplan"] == {"horizon": 1, "judge": {"progress": 0.0}}
 
     # a recipe file's contents are part of the stage's configuration: an edit re-runs the stage
     recipe = tmp_path / "decider.yaml"

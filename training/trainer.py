@@ -46,6 +46,7 @@ import yaml
 from transformers import TrainingArguments, set_seed
 
 from simplan.core.io import write_json, write_text
+from simplan.core.memory import release_memory
 from simplan.data.format import eos_ends_assistant_turn
 from simplan.models.registry import load_tokenizer
 from simplan.training.checkpoints import check_resumable, last_checkpoint, trim_metrics
@@ -177,6 +178,8 @@ def train(
     adapter_dir = out / "adapter"
     if trainer.is_world_process_zero():
         _write_outputs(trainer, model, tokenizer, out, adapter_dir, data_args, metrics)
+    del trainer, model, splits
+    release_memory()
     return TrainResult(output_dir=out, adapter_dir=adapter_dir, metrics=metrics)
 
 

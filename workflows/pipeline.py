@@ -36,8 +36,8 @@ Progress: before a stage runs, `[i/N] STAGE` and the time the stages still to ru
 guess says where it comes from: the time the stage took when it last ran in this folder (its marker),
 else the pipeline's `estimates` (minutes per stage, from the recipe), else the time its twin took in
 this run (train-simulator after train-decider, ...). The stages show their own progress bars.
-`Pipeline.summary()` is a table of every stage's status and seconds, the eval's success by arm and
-the path of report.html.
+`Pipeline.summary()` is a table of every stage's status, seconds and peak resident memory (this process's
+VmHWM, reset before each stage), the eval's success by arm and the path of report.html.
 
 The parts: workflows/pipeline_stages.py (each stage's record and work), workflows/stage_markers.py (the
 markers), workflows/time_left.py (the time left); this module holds the configuration and runs the stages.
@@ -54,6 +54,7 @@ from typing import Any
 
 from simplan.core.config import load_configs
 from simplan.core.io import write_json
+from simplan.core.memory import peak_reset, rss_mb
 from simplan.data.build import BuildConfig
 from simplan.data.collect import CollectConfig
 from simplan.envs.registry import UnknownEnvError
@@ -180,6 +181,7 @@ class StageRecord:
     status: str  # ran, reused, not selected, failed, interrupted
     seconds: float | None  # this run's for a stage that ran; the run that made them for reused outputs
     result: str = ""
+    peak_mb: float | None = None  # this process's peak resident memory during the stage (Linux), when it ran
 
 
 @dataclass
@@ -470,17 +472,19 @@ class Pipeline:
                 continue
             remaining = ahead[ahead.index(name) :] if name in ahead else [name]
             print(f"\n=== {banner} === {clock.line(remaining)}\n$ {st.command}", flush=True)
-            seconds, result = self._run_stage(st, digest, banner, fresh=name in cfg.force)
+            seconds, result, peak = self._run_stage(st, digest, banner, fresh=name in cfg.force)
             clock.now[name] = seconds
-            self.records.append(StageRecord(name, "ran", seconds, result))
+            self.records.append(StageRecord(name, "ran", seconds, result, peak))
             print(f"{banner}: done in {duration(seconds)}", flush=True)
         write_json(self.out / "pipeline.json", {"config": asdict(cfg), "hashes": self.hashes})
         print(f"\npipeline: finished in {duration(time.perf_counter() - t_start)}", flush=True)
         return PipelineResult(self.report_html(), list(self.records), arm_success(self.out / "eval"))
 
-    def _run_stage(self, st: Stage, digest: str, banner: str, fresh: bool = False) -> tuple[float, str]:
-        """Run one stage and write its marker; a failure is recorded for the summary and raised."""
+    def _run_stage(self, st: Stage, digest: str, banner: str, fresh: bool = False) -> tuple[float, str, float | None]:
+        """Run one stage and write its marker; returns its seconds, result and peak resident MB (of this process:
+        the eval's JVMs and training's data workers are not in it). A failure is recorded and raised."""
         self.markers.start(st, digest, fresh)
+        peak_reset()
         t0 = time.perf_counter()
         again = (
             "fix the cause and re-run the same pipeline command (finished stages are reused), or run the stage "
@@ -500,16 +504,23 @@ class Pipeline:
             self.records.append(StageRecord(st.name, "failed", time.perf_counter() - t0, "outputs missing"))
             raise StageFailed(f"{banner}: finished but its outputs are missing: {', '.join(missing)}")
         seconds = time.perf_counter() - t0
-        self.markers.write(st, digest, round(seconds, 1), self.model_path if st.name == "model" else None)
-        return seconds, result
+        peak = rss_mb("VmHWM")
+        self.markers.write(
+            st, digest, round(seconds, 1), self.model_path if st.name == "model" else None, peak_mb=peak
+        )
+        return seconds, result, peak
 
     # -- summary -------------------------------------------------------------------------------
     def summary(self) -> str:
         """Each stage's status and seconds, the eval's success by arm and the report's path."""
-        lines = [f"pipeline summary ({self.out})", f"  {'stage':<16} {'status':<13} {'seconds':>8}  result"]
+        lines = [
+            f"pipeline summary ({self.out})",
+            f"  {'stage':<16} {'status':<13} {'seconds':>8} {'peak GB':>7}  result",
+        ]
         for r in self.records:
             seconds = "-" if r.seconds is None else f"{r.seconds:.1f}"
-            lines.append(f"  {r.name:<16} {r.status:<13} {seconds:>8}  {r.result}".rstrip())
+            peak = "-" if r.peak_mb is None else f"{r.peak_mb / 1024:.1f}"
+            lines.append(f"  {r.name:<16} {r.status:<13} {seconds:>8} {peak:>7}  {r.result}".rstrip())
         run = eval_run(self.out / "eval")  # read once for both lines
         arms = arm_success(run)
         if arms:

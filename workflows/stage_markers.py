@@ -3,7 +3,7 @@
     markers = StageMarkers(Path("runs/pipeline/toy/.stages"))
     markers.read("eval")           # {"stage", "hash", "config", "command", "outputs", "seconds", ...} or None
     markers.start(stage, digest)   # a changed hash since the last start clears the stage's outputs first
-    markers.write(stage, digest, seconds=12.3, model_path=None)
+    markers.write(stage, digest, seconds=12.3, model_path=None, peak_mb=812)
 
 A stage that completes writes its marker atomically, with the hash of its configuration and of the stages
 it depends on (workflows/pipeline.py decides from it whether the stage is complete); `STAGE.started`
@@ -47,7 +47,9 @@ class StageMarkers:
                 out[name] = float(seconds)
         return out
 
-    def write(self, st: Stage, digest: str, seconds: float | None, model_path: str | None) -> None:
+    def write(
+        self, st: Stage, digest: str, seconds: float | None, model_path: str | None, peak_mb: float | None = None
+    ) -> None:
         record = {
             "stage": st.name,
             "hash": digest,
@@ -56,6 +58,7 @@ class StageMarkers:
             "outputs": [str(p) for p in st.outputs],
             "model_path": model_path,
             "seconds": seconds,
+            "peak_mb": None if peak_mb is None else round(peak_mb),
             "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
         }
         write_json(self.path(st.name), record)
