@@ -18,22 +18,19 @@ import sys
 from simplan.core.config import parse_config
 from simplan.core.io import check_output_folder
 from simplan.data.build import BuildConfig, build
-from simplan.data.build_inputs import FoldLeakError, MalformedInputError
 from simplan.data.build_stats import stats_markdown
-from simplan.envs.registry import UnknownEnvError
+from simplan.scripts.cli import command, usage_errors
 
 MAX_PRINTED_PROBLEMS = 20
 
 
+@command("simplan build")
 def main(argv: list[str] | None = None) -> int:
     (cfg,) = parse_config([BuildConfig], argv, description=__doc__.split("\n")[0], prog="simplan build")
     if cfg.out:
         check_output_folder(cfg.out)
-    try:
+    with usage_errors(FileNotFoundError):  # a missing input; bad lines, fold leaks and unknown envs are UsageErrors
         result = build(cfg)
-    except (FileNotFoundError, FoldLeakError, MalformedInputError, UnknownEnvError) as e:
-        print(f"simplan build: {e}", file=sys.stderr)
-        return 2
     stats = result.stats
     problems = stats["problems"]
     for line in problems[:MAX_PRINTED_PROBLEMS]:

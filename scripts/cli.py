@@ -18,17 +18,22 @@ OMP_WAIT_POLICY=PASSIVE or ACTIVE to choose yourself.
 Errors are caught once, here: a `UsageError` (core/errors.py: a flag, a path or an input that cannot work)
 exits 2 with its message; Ctrl-C exits 130; any other exception exits 1 with one line and the path of a file
 that holds the full traceback. `simplan --debug COMMAND ...` (or SIMPLAN_DEBUG=1) prints the traceback instead.
+Scripts do not catch errors themselves: `@command` puts a script's `main` behind this same boundary when it is
+called directly, and `usage_errors(FileNotFoundError)` marks a library exception as the user's to fix.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib
+import inspect
 import os
 import sys
 import tempfile
 import time
 import traceback
-from collections.abc import MutableMapping
+from collections.abc import Callable, Iterator, MutableMapping
 from pathlib import Path
 
 from simplan.core.errors import UsageError
@@ -107,9 +112,13 @@ def usage() -> str:
     return "\n".join(lines)
 
 
+def debug_requested() -> bool:
+    return os.environ.get("SIMPLAN_DEBUG", "") not in ("", "0")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    debug = os.environ.get("SIMPLAN_DEBUG", "") not in ("", "0")
+    debug = debug_requested()
     if argv[:1] == ["--debug"]:
         debug, argv = True, argv[1:]
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -120,10 +129,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"simplan: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
         return 2
     set_openmp_defaults(name)
-    prog = f"simplan {name}"
+
+    def run() -> int | None:
+        main = importlib.import_module(COMMANDS[name][0]).main
+        return inspect.unwrap(main)(rest)  # a script's own `@command` boundary gives way to this one
+
+    return run_command(f"simplan {name}", run, debug=debug)
+
+
+def run_command(prog: str, body: Callable[[], int | None], *, debug: bool | None = None) -> int:
+    """The one error boundary: run `body` and turn what it raises into a message and an exit status. A
+    `UsageError` exits 2 with its message; Ctrl-C exits 130; any other exception exits 1 with one line and the
+    path of a file that holds the traceback. `debug` (default: SIMPLAN_DEBUG set) prints tracebacks instead."""
+    debug = debug_requested() if debug is None else debug
     try:
-        module = importlib.import_module(COMMANDS[name][0])
-        return int(module.main(rest) or 0)
+        return int(body() or 0)
     except UsageError as e:
         if debug:
             traceback.print_exc()
@@ -133,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{prog}: interrupted", file=sys.stderr)
         return 130
     except Exception as e:  # the one place an unexpected error is caught: one line, the traceback kept
+        name = prog.removeprefix("simplan ").split()[0]
         if debug:
             traceback.print_exc()
             print(f"{prog}: failed: {one_line(e)}", file=sys.stderr)
@@ -143,6 +164,40 @@ def main(argv: list[str] | None = None) -> int:
             f"{prog}: failed: {one_line(e)}\n{prog}: {where}; `simplan --debug {name} ...` prints it", file=sys.stderr
         )
         return 1
+
+
+MainFunction = Callable[[list[str] | None], int | None]
+
+
+def command(prog: str) -> Callable[[MainFunction], Callable[[list[str] | None], int]]:
+    """Decorator for a script's `main(argv) -> int`: called directly (`python -m simplan.scripts.build`, a test)
+    it runs behind `run_command`, as `simplan build` runs it, so it exits 2 on a usage error instead of raising.
+
+        @command("simplan build")
+        def main(argv: list[str] | None = None) -> int: ...
+    """
+
+    def wrap(main: MainFunction) -> Callable[[list[str] | None], int]:
+        @functools.wraps(main)
+        def guarded(argv: list[str] | None = None) -> int:
+            return run_command(prog, lambda: main(argv))
+
+        return guarded
+
+    return wrap
+
+
+@contextlib.contextmanager
+def usage_errors(*types: type[Exception]) -> Iterator[None]:
+    """Within the block, an exception of `types` is the user's to fix (a library call that raises a plain
+    FileNotFoundError for a missing input, say): raised again as a `UsageError` with the same message, so the
+    boundary exits 2 with that message."""
+    try:
+        yield
+    except UsageError:
+        raise
+    except types as e:
+        raise UsageError(str(e)) from e
 
 
 def one_line(e: BaseException) -> str:

@@ -19,17 +19,15 @@ import sys
 from simplan.core.config import parse_config
 from simplan.core.io import check_output_file
 from simplan.data.collect import CollectConfig, collect
-from simplan.envs.registry import UnknownEnvError
+from simplan.scripts.cli import command, usage_errors
 
 
+@command("simplan collect")
 def main(argv: list[str] | None = None) -> int:
     (cfg,) = parse_config([CollectConfig], argv, description=__doc__.split("\n")[0], prog="simplan collect")
     check_output_file(cfg.out)
-    try:
+    with usage_errors(ImportError):  # an env whose package is missing, found before any episode runs
         report = collect(cfg)
-    except (UnknownEnvError, ImportError) as e:  # checked before any episode runs: nothing was written
-        print(f"simplan collect: {e}", file=sys.stderr)
-        return 2
     print(report.summary())
     if report.statuses["errored"]:
         print(

@@ -21,9 +21,10 @@ from simplan.core.config import parse_config
 from simplan.core.errors import EmptyInputError
 from simplan.core.io import check_output_file, has_lines
 from simplan.data.counterfactual import CounterfactualConfig, collect_counterfactuals
-from simplan.envs.registry import UnknownEnvError
+from simplan.scripts.cli import command, usage_errors
 
 
+@command("simplan counterfactuals")
 def main(argv: list[str] | None = None) -> int:
     (cfg,) = parse_config(
         [CounterfactualConfig], argv, description=__doc__.split("\n")[0], prog="simplan counterfactuals"
@@ -32,11 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     empty = [path for path in cfg.inputs if Path(path).is_file() and not has_lines(path)]
     if empty:
         raise EmptyInputError(f"{', '.join(empty)}: empty (no line to read); give trajectory JSONL files")
-    try:
+    with usage_errors(FileNotFoundError):  # a missing input, found before anything runs: nothing was written
         report = collect_counterfactuals(cfg)
-    except (FileNotFoundError, UnknownEnvError) as e:  # checked before anything runs: nothing was written
-        print(f"simplan counterfactuals: {e}", file=sys.stderr)
-        return 2
     print(report.summary())
     failed = report.skipped["bad_line"] + report.skipped["env_failed"] + report.unfinished
     return 1 if failed else 0

@@ -18,9 +18,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from simplan.core.config import parse_config
+from simplan.core.errors import UsageError
 from simplan.envs.base import env_extra
 from simplan.envs.check import check_env
-from simplan.envs.registry import EnvSource, UnknownEnvError, make_env, sources
+from simplan.envs.registry import EnvSource, make_env, sources
+from simplan.scripts.cli import command, usage_errors
 
 USAGE = (
     "usage: simplan envs list | simplan envs check NAME|package.module:Class [--sample N] [--families a,b] "
@@ -82,11 +84,8 @@ def check(argv: list[str]) -> int:
         prog="simplan envs check",
         extra=lambda p: p.add_argument("name", help="env name (simplan envs list) or package.module:Class"),
     )
-    try:
+    with usage_errors(ImportError):  # an env whose package is not installed
         env = make_env(extra.name, **(cfg.env_kwargs or {}))
-    except (UnknownEnvError, ImportError) as e:
-        print(f"simplan envs check: {e}", file=sys.stderr)
-        return 2
     try:
         report = check_env(env, fold_sample=cfg.sample, families=cfg.families, progress=cfg.progress)
     finally:
@@ -95,6 +94,7 @@ def check(argv: list[str]) -> int:
     return 0 if report.ok else 1
 
 
+@command("simplan envs")
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
@@ -104,8 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         return list_envs()
     if argv[0] == "check":
         return check(argv[1:])
-    print(f"simplan envs: unknown subcommand {argv[0]!r}\n{USAGE}", file=sys.stderr)
-    return 2
+    raise UsageError(f"unknown subcommand {argv[0]!r}\n{USAGE}")
 
 
 if __name__ == "__main__":

@@ -31,15 +31,16 @@ from pathlib import Path
 
 from simplan.core.config import parse_config
 from simplan.core.io import check_output_folder
-from simplan.envs.registry import UnknownEnvError
-from simplan.evaluation.folder_lock import FolderLockedError, check_unlocked
+from simplan.evaluation.folder_lock import check_unlocked
 from simplan.evaluation.report_data import load_run_data
 from simplan.evaluation.report_tables import arms_table
 from simplan.evaluation.runner import EvalConfig, errored_message, evaluate
 from simplan.inference.engines import EngineConfig, engine_from_config, is_merged
 from simplan.inference.engines.config import MODEL_FREE_KINDS
+from simplan.scripts.cli import command, usage_errors
 
 
+@command("simplan eval")
 def main(argv: list[str] | None = None) -> int:
     eval_cfg, engine_cfg = parse_config(
         [EvalConfig, EngineConfig], argv, description=__doc__.split("\n")[0], prog="simplan eval"
@@ -48,19 +49,13 @@ def main(argv: list[str] | None = None) -> int:
     if engine_cfg.engine in MODEL_FREE_KINDS:  # no model: --model and --adapters change nothing, so record none
         engine_info.update(model="", adapters="")
     check_output_folder(eval_cfg.out)  # before minutes of engine loading, as the lock below
-    try:
-        check_unlocked(Path(eval_cfg.out))  # before minutes of engine loading; evaluate() holds the lock
-    except FolderLockedError as e:
-        print(f"simplan eval: {e}", file=sys.stderr)
-        return 2
+    check_unlocked(Path(eval_cfg.out))  # before minutes of engine loading; evaluate() holds the lock
     print(f"eval: loading engine {engine_cfg.engine} {engine_cfg.model} {engine_cfg.adapters}", flush=True)
     engine = engine_from_config(engine_cfg)
     engine_info["merge_adapters"] = is_merged(engine)  # what `auto` chose, recorded with each invocation
     try:
-        outcome = evaluate(eval_cfg, engine, engine_info=engine_info)
-    except (ValueError, FileNotFoundError, FolderLockedError, UnknownEnvError, ImportError) as e:
-        print(f"simplan eval: {e}", file=sys.stderr)
-        return 2
+        with usage_errors(ValueError, FileNotFoundError, ImportError):  # a missing adapter or suite file, a bad arm
+            outcome = evaluate(eval_cfg, engine, engine_info=engine_info)
     except KeyboardInterrupt:  # Ctrl-C (or a timeout's SIGINT): say what was kept instead of a traceback
         print(
             f"\nsimplan eval: interrupted; the finished episodes are kept in {eval_cfg.out}, and the same command "

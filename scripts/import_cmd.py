@@ -17,23 +17,22 @@ import sys
 from simplan.core.config import parse_config
 from simplan.core.io import check_output_file
 from simplan.data.importers import ImportConfig, import_file
+from simplan.scripts.cli import command, usage_errors
 
 
 def _positional(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", help="JSONL file, one conversation per line")
 
 
+@command("simplan import")
 def main(argv: list[str] | None = None) -> int:
     cfg, args = parse_config(
         [ImportConfig], argv, description=__doc__.split("\n")[0], prog="simplan import", extra=_positional
     )
     if cfg.out:
         check_output_file(cfg.out)
-    try:
+    with usage_errors(FileNotFoundError):
         report = import_file(args.file, cfg)
-    except FileNotFoundError as e:
-        print(f"simplan import: {e}", file=sys.stderr)
-        return 2
     print(report.summary(), file=sys.stdout if report.ok else sys.stderr)
     return 0 if report.ok else 1
 
