@@ -10,18 +10,26 @@ raises (a crashed JVM, `EnvCrashed`, any exception) yields an `errored` record w
 traceback, and the worker's `EnvHolder` then recreates its env. With `workers > 1` the episodes run in
 spawned processes (each creating its env once and reusing it), a bounded number in flight (`pooled`, which
 counterfactual collection uses too). `collect` (data/collect.py) drives it.
+
+The workers start without running the caller's main script again (spawn's default), so a user script that
+collects at module level, with no `if __name__ == "__main__":` guard, works; only where the work refers to a
+function defined in that script (an env factory registered there) must spawn run it, and then the script
+needs the guard (a worker that dies says so).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import os
+import pickle
 import random
 import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from multiprocessing import get_context
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -31,6 +39,7 @@ from simplan.data.recorder import EpisodeSpec, Recorder, jsonable
 from simplan.data.trajectory import Trajectory
 from simplan.envs import registry
 from simplan.envs.base import Env
+from simplan.envs.limits import _main_module_hidden
 from simplan.envs.registry import make_env
 
 if TYPE_CHECKING:  # the config module runs the workers: a type-only import, no cycle at run time
@@ -177,18 +186,45 @@ def pooled(
 ) -> Iterator[R]:
     """`fn(item)` for every item in `workers` spawned processes, each set up once by `initializer(*initargs)`;
     results in order of completion. `fn` and the items must pickle (module-level functions, dataclasses)."""
-    # spawn: a fresh interpreter per worker; forking a process that talks to a JVM is unsafe.
+    # spawn: a fresh interpreter per worker; forking a process that talks to a JVM is unsafe. Spawn also runs
+    # the caller's main script again in each worker, unless it is hidden while a worker starts (on submit).
+    uses_main = refers_to_main(fn, initializer, initargs)
+    hidden = contextlib.nullcontext if uses_main else _main_module_hidden
     with ProcessPoolExecutor(
         max_workers=workers, mp_context=get_context("spawn"), initializer=initializer, initargs=initargs
     ) as pool:
-        # Keep a bounded number of items in flight so results stream back in order of completion.
-        queue = iter(items)
-        pending = {pool.submit(fn, item) for item in itertools.islice(queue, 4 * workers)}
-        while pending:
-            # A timeout, so the main thread runs often: a SIGINT the OS hands to the pool's own thread is handled
-            # only when the main thread next runs Python code (an untimed wait sleeps until an episode ends).
-            finished, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
-            for fut in finished:
-                yield fut.result()
-                for item in itertools.islice(queue, 1):
-                    pending.add(pool.submit(fn, item))
+
+        def submit(item: T) -> Any:
+            with hidden():
+                return pool.submit(fn, item)
+
+        try:
+            # Keep a bounded number of items in flight so results stream back in order of completion.
+            queue = iter(items)
+            pending = {submit(item) for item in itertools.islice(queue, 4 * workers)}
+            while pending:
+                # A timeout, so the main thread runs often: a SIGINT the OS hands to the pool's own thread is
+                # handled only when the main thread next runs Python code (an untimed wait sleeps until an episode
+                # ends).
+                finished, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+                for fut in finished:
+                    yield fut.result()
+                    for item in itertools.islice(queue, 1):
+                        pending.add(submit(item))
+        except BrokenProcessPool as e:
+            if not uses_main:
+                raise
+            died = str(e).rstrip(".")
+            raise BrokenProcessPool(
+                f"{died}; the workers run your main script again, to find the functions defined in it: if it has no "
+                '`if __name__ == "__main__":` guard around the code that starts the work, add one'
+            ) from e
+
+
+def refers_to_main(*objects: Any) -> bool:
+    """Whether `objects` pickle with a reference to the main script (a function or class defined in it), which a
+    spawned worker can only find by running that script again; True when they cannot be pickled here."""
+    try:
+        return b"__main__" in pickle.dumps(objects)
+    except Exception:  # noqa: BLE001 - let the pool report it as it always has
+        return True
