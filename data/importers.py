@@ -43,12 +43,21 @@ conversations are written all the same. Observations and action texts longer tha
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from simplan.core.errors import EmptyInputError
-from simplan.core.io import JsonProblem, atomic_open, has_lines, iter_jsonl_lines, parse_json, write_jsonl
+from simplan.core.io import (
+    JsonlLine,
+    JsonProblem,
+    atomic_open,
+    has_lines,
+    iter_jsonl_lines,
+    json_line,
+    parse_json,
+)
 from simplan.data.build_inputs import cap_trajectory
 from simplan.data.trajectory import Step, Trajectory, validate_record
 from simplan.envs.base import FOLDS, Action, Task
@@ -114,7 +123,7 @@ class Message:
 
 @dataclass
 class ImportReport:
-    trajectories: list[Trajectory] = field(default_factory=list)
+    converted: int = 0  # conversations written to `out`
     problems: list[str] = field(default_factory=list)  # "FILE:LINE: reason"
     out: str = ""
     rejects: str = ""  # the bad lines, byte for byte (written only when there are some)
@@ -127,7 +136,7 @@ class ImportReport:
     def summary(self) -> str:
         lines = list(self.problems)
         where = f" -> {self.out}" if self.out else ""
-        lines.append(f"converted {len(self.trajectories)} conversation(s){where}; {len(self.problems)} line(s) failed")
+        lines.append(f"converted {self.converted} conversation(s){where}; {len(self.problems)} line(s) failed")
         if self.rejects:
             lines.append(f"the failed lines, as they were -> {self.rejects}")
         if self.capped_steps:
@@ -384,44 +393,54 @@ def to_trajectory(record: Any, cfg: ImportConfig, task_id: str, source: str) -> 
 def import_file(path: str | Path, cfg: ImportConfig) -> ImportReport:
     """Convert every line of `path`; write the converted ones to `cfg.out` (default next to the input).
 
-    A line that cannot be converted is reported as FILE:LINE: reason and the others still convert."""
+    A line that cannot be converted is reported as FILE:LINE: reason and the others still convert. Each
+    conversation is written as it is converted (memory holds one at a time, and the ids seen), to temporary
+    files that replace `cfg.out` and its rejects file only when every line was read."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file (give a JSONL file with one conversation per line)")
     if not has_lines(path):
         raise EmptyInputError(f"{path}: empty (no line to read); give a JSONL file with one conversation per line")
     report = ImportReport(out=cfg.out or str(default_out(path)))
-    seen: dict[str, int] = {}
-    rejected: list[bytes] = []
-    for line in iter_jsonl_lines(path):
-        where = f"{path}:{line.lineno}"
-        try:
-            if line.text is None:
-                raise ConversionError(line.problem or "not UTF-8")
-            try:
-                record = parse_json(line.text)
-            except JsonProblem as e:
-                raise ConversionError(str(e)) from None
-            traj = to_trajectory(record, cfg, f"{path.stem}-{line.lineno}", where)
-            if traj.id in seen:
-                raise ConversionError(f"id: {traj.task.task_id!r} was used before, at {path}:{seen[traj.id]}")
-        except ConversionError as e:
-            report.problems.append(f"{where}: {e}")
-            if line.raw:  # a line over the size limit was never held, so it cannot be kept
-                rejected.append(line.raw if line.raw.endswith(b"\n") else line.raw + b"\n")
-            continue
-        seen[traj.id] = line.lineno
-        report.capped_steps += cap_trajectory(traj, DEFAULT_MAX_OBSERVATION_CHARS)
-        report.trajectories.append(traj)
-    write_jsonl(report.out, (t.to_dict() for t in report.trajectories))
     rejects = rejects_path(Path(report.out))
-    if rejected:
+    seen: dict[str, int] = {}
+    with contextlib.ExitStack() as files:
+        out = files.enter_context(atomic_open(report.out))
+        rejected: IO[bytes] | None = None  # opened at the first bad line: no rejects file when there is none
+        for line in iter_jsonl_lines(path):
+            where = f"{path}:{line.lineno}"
+            try:
+                traj = _convert_line(line, path, cfg, seen)
+            except ConversionError as e:
+                report.problems.append(f"{where}: {e}")
+                if line.raw:  # a line over the size limit was never held, so it cannot be kept
+                    if rejected is None:
+                        rejected = files.enter_context(atomic_open(rejects, "wb"))
+                    rejected.write(line.raw if line.raw.endswith(b"\n") else line.raw + b"\n")
+                continue
+            seen[traj.id] = line.lineno
+            report.capped_steps += cap_trajectory(traj, DEFAULT_MAX_OBSERVATION_CHARS)
+            out.write(json_line(traj.to_dict()))
+            report.converted += 1
+    if rejected is not None:
         report.rejects = str(rejects)
-        with atomic_open(rejects, "wb") as f:
-            f.writelines(rejected)
     elif rejects.exists():
         rejects.unlink()  # an earlier import's rejects: this one had none
     return report
+
+
+def _convert_line(line: JsonlLine, path: Path, cfg: ImportConfig, seen: dict[str, int]) -> Trajectory:
+    """One line of `path` as a Trajectory whose id is not in `seen` (id -> line number); ConversionError if not."""
+    if line.text is None:
+        raise ConversionError(line.problem or "not UTF-8")
+    try:
+        record = parse_json(line.text)
+    except JsonProblem as e:
+        raise ConversionError(str(e)) from None
+    traj = to_trajectory(record, cfg, f"{path.stem}-{line.lineno}", f"{path}:{line.lineno}")
+    if traj.id in seen:
+        raise ConversionError(f"id: {traj.task.task_id!r} was used before, at {path}:{seen[traj.id]}")
+    return traj
 
 
 def default_out(path: Path) -> Path:

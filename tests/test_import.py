@@ -12,6 +12,7 @@ import pytest
 
 from simplan.data.build import BuildConfig, build
 from simplan.data.importers import ImportConfig, import_file
+from simplan.data.trajectory import Trajectory
 from simplan.data.validate import validate_file
 from simplan.scripts.cli import main as simplan
 
@@ -134,7 +135,8 @@ def test_a_bad_line_is_reported_with_file_line_and_the_rest_converts(tmp_path, l
     report = import_file(src, ImportConfig(format="openai"))
     assert len(report.problems) == 1 and report.problems[0].startswith(f"{src}:2: ")
     assert reason in report.problems[0]
-    assert [t.steps[0].action.text for t in report.trajectories] == ["north", "south"]
+    written = [Trajectory.from_dict(json.loads(line)) for line in Path(report.out).read_text().splitlines()]
+    assert report.converted == 2 and [t.steps[0].action.text for t in written] == ["north", "south"]
     assert Path(report.out) == tmp_path / "chats.trajectories.jsonl" and validate_file(report.out).ok
 
 
@@ -186,7 +188,7 @@ def test_an_observation_over_the_env_cap_is_cut_and_counted(tmp_path):
     )
     report = import_file(src, ImportConfig(format="openai"))
     assert report.capped_steps == 2  # the opening observation and the first step's
-    obs = report.trajectories[0].steps[0].observation
+    obs = json.loads(Path(report.out).read_text())["steps"][0]["observation"]
     assert len(obs) < DEFAULT_MAX_OBSERVATION_CHARS + 200 and "more characters cut" in obs
 
 
