@@ -39,7 +39,7 @@ from simplan.data.recorder import EpisodeSpec, Recorder, jsonable
 from simplan.data.trajectory import Trajectory
 from simplan.envs import registry
 from simplan.envs.base import Env
-from simplan.envs.limits import _main_module_hidden
+from simplan.envs.limits import main_module_hidden
 from simplan.envs.registry import make_env
 
 if TYPE_CHECKING:  # the config module runs the workers: a type-only import, no cycle at run time
@@ -189,7 +189,7 @@ def pooled(
     # spawn: a fresh interpreter per worker; forking a process that talks to a JVM is unsafe. Spawn also runs
     # the caller's main script again in each worker, unless it is hidden while a worker starts (on submit).
     uses_main = refers_to_main(fn, initializer, initargs)
-    hidden = contextlib.nullcontext if uses_main else _main_module_hidden
+    hidden = contextlib.nullcontext if uses_main else main_module_hidden
     with ProcessPoolExecutor(
         max_workers=workers, mp_context=get_context("spawn"), initializer=initializer, initargs=initargs
     ) as pool:

@@ -290,7 +290,7 @@ def _serve(conn: Any) -> None:
 
 
 @contextlib.contextmanager
-def _main_module_hidden() -> Iterator[None]:
+def main_module_hidden() -> Iterator[None]:
     """Start a spawned child without the parent's `__main__`: spawn runs the parent's main script again in the
     child (to find functions defined there), and a user script that makes an env at module level, without an
     `if __name__ == "__main__":` guard, then starts a worker inside the worker, which dies ("bfcl worker process
@@ -339,7 +339,7 @@ class WorkerProcess:
         # daemon: the child is killed when the parent exits normally; if the parent is killed, the
         # child's recv() fails on the closed pipe and it exits by itself.
         process = ctx.Process(target=_serve, args=(child,), name=f"simplan-{self.label}-worker", daemon=True)
-        with _main_module_hidden():
+        with main_module_hidden():
             process.start()
         child.close()
         self._process, self._conn = process, parent

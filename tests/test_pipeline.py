@@ -155,6 +155,15 @@ def test_each_stage_reports_its_own_peak_memory(tmp_path, fake_stages, monkeypat
     assert float(row[3]) == pytest.approx(peaks["train-decider"] / 1024, abs=0.06)
 
 
+def test_no_peak_is_reported_where_it_cannot_be_reset(tmp_path, fake_stages, monkeypatch, capsys) -> None:
+    monkeypatch.setattr(pl, "peak_reset", lambda: False)  # VmHWM would be the process's peak, not the stage's
+    assert main(["--out", str(tmp_path / "p")]) == 0
+    peaks = {json.loads(m.read_text())["peak_mb"] for m in (tmp_path / "p" / ".stages").glob("*.json")}
+    assert peaks == {None}
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.lstrip().startswith("train-decider"))
+    assert row.split()[3] == "-"
+
+
 def test_a_failing_stage_is_summarised_with_its_command(tmp_path, fake_stages, monkeypatch, capsys) -> None:
     fake = pl.Pipeline.stage
 

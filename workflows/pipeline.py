@@ -484,7 +484,7 @@ class Pipeline:
         """Run one stage and write its marker; returns its seconds, result and peak resident MB (of this process:
         the eval's JVMs and training's data workers are not in it). A failure is recorded and raised."""
         self.markers.start(st, digest, fresh)
-        peak_reset()
+        reset = peak_reset()  # where it cannot be reset, VmHWM is the process's peak so far: not the stage's
         t0 = time.perf_counter()
         again = (
             "fix the cause and re-run the same pipeline command (finished stages are reused), or run the stage "
@@ -504,7 +504,7 @@ class Pipeline:
             self.records.append(StageRecord(st.name, "failed", time.perf_counter() - t0, "outputs missing"))
             raise StageFailed(f"{banner}: finished but its outputs are missing: {', '.join(missing)}")
         seconds = time.perf_counter() - t0
-        peak = rss_mb("VmHWM")
+        peak = rss_mb("VmHWM") if reset else None
         self.markers.write(
             st, digest, round(seconds, 1), self.model_path if st.name == "model" else None, peak_mb=peak
         )
