@@ -38,6 +38,8 @@ from typing import Any, TypeVar
 
 import yaml
 
+from simplan.core.errors import InputError, MissingInputError
+
 T = TypeVar("T")
 _NONE_WORDS = ("none", "null", "~")
 _TRUE_WORDS = ("1", "true", "yes", "on")
@@ -192,7 +194,7 @@ def flatten(cls: type, mapping: dict[str, Any], source: str, prefix: str = "") -
     mappings or dotted keys; a mapping field's sub-keys stay dotted (`planner.judge.w_error`) until `build`.
     Legacy names are upgraded (LEGACY_KEYS). An unknown key is a ValueError naming `source` and the key."""
     if not isinstance(mapping, dict):
-        raise ValueError(f"{source}: expected a mapping of key: value, got {type(mapping).__name__}")
+        raise InputError(f"{source}: expected a mapping of key: value, got {type(mapping).__name__}")
     hints, names, legacy = _hints(cls), {f.name for f in _fields(cls)}, legacy_keys(cls)
     out: dict[str, Any] = {}
     for raw_key, value in mapping.items():
@@ -206,13 +208,13 @@ def flatten(cls: type, mapping: dict[str, Any], source: str, prefix: str = "") -
             continue
         if head not in names:
             valid = ", ".join(sorted(dotted_keys(cls)))
-            raise ValueError(f"{source}: unknown key {prefix + key!r}; valid keys: {valid}")
+            raise InputError(f"{source}: unknown key {prefix + key!r}; valid keys: {valid}")
         sub = section_type(hints[head])
         if sub is not None and not rest and isinstance(value, str):  # `--judge '{error: -3}'`
             try:
                 value = yaml.safe_load(value)
             except yaml.YAMLError as e:
-                raise ValueError(f"{source}: {prefix + key}: not valid YAML ({yaml_problem(e)})") from None
+                raise InputError(f"{source}: {prefix + key}: not valid YAML ({yaml_problem(e)})") from None
         if sub is not None and not rest and key in legacy and not isinstance(value, dict):
             out.update(flatten(cls, {legacy[key]: value}, source, prefix))  # an old scalar key a section replaced
             continue
@@ -222,7 +224,7 @@ def flatten(cls: type, mapping: dict[str, Any], source: str, prefix: str = "") -
                 inner = dataclasses.asdict(inner)
             out.update(flatten(sub, inner, source, f"{prefix}{head}."))
         elif rest and not _is_mapping(hints[head]):
-            raise ValueError(f"{source}: {prefix + head!r} is not a section; {prefix + key!r} is no key")
+            raise InputError(f"{source}: {prefix + head!r} is not a section; {prefix + key!r} is no key")
         else:
             out[prefix + key] = value
     return out
@@ -273,7 +275,7 @@ def build(cls: type[T], dotted: dict[str, Any], where: str = "") -> T:
                 try:
                     base = _default(f) if value is dataclasses.MISSING else coerce(value, hints[f.name], f.name)
                 except ValueError as e:
-                    raise ValueError(f"{cls.__name__}{where}: {e}") from None
+                    raise InputError(f"{cls.__name__}{where}: {e}") from None
                 value = copy.deepcopy(base or {})
                 for k, v in subkeys.items():
                     _set_path(value, k.split("."), v)
@@ -282,11 +284,11 @@ def build(cls: type[T], dotted: dict[str, Any], where: str = "") -> T:
         try:
             kwargs[f.name] = coerce(value, hints[f.name], f.name)
         except ValueError as e:
-            raise ValueError(f"{cls.__name__}{where}: {e}") from None
+            raise InputError(f"{cls.__name__}{where}: {e}") from None
     try:
         return cls(**kwargs)
     except (TypeError, ValueError) as e:
-        raise ValueError(f"{cls.__name__}{where}: {e}") from None
+        raise InputError(f"{cls.__name__}{where}: {e}") from None
 
 
 def _default(f: dataclasses.Field) -> Any:
@@ -313,15 +315,15 @@ def from_mapping(cls: type[T], mapping: dict[str, Any] | None, source: str = "ma
 def load_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"config file {path} does not exist" if not path.exists() else f"{path} is a folder")
+        raise MissingInputError(f"config file {path} does not exist" if not path.exists() else f"{path} is a folder")
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8-sig")) or {}
     except yaml.YAMLError as e:
-        raise ValueError(f"{path}: not valid YAML ({yaml_problem(e)}); fix the recipe") from None
+        raise InputError(f"{path}: not valid YAML ({yaml_problem(e)}); fix the recipe") from None
     except UnicodeDecodeError as e:
-        raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); save the recipe as UTF-8") from None
+        raise InputError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); save the recipe as UTF-8") from None
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: a recipe is a mapping of key: value, got {type(data).__name__}")
+        raise InputError(f"{path}: a recipe is a mapping of key: value, got {type(data).__name__}")
     return data
 
 
@@ -347,7 +349,7 @@ def split_by_class(classes: list[type], mapping: dict[str, Any], source: str) ->
         head = str(key).replace("-", "_").split(".")[0]
         if head not in owner:
             valid = ", ".join(sorted({k for cls in classes for k in dotted_keys(cls)}))
-            raise ValueError(f"{source}: unknown key {key!r}; valid keys: {valid}")
+            raise InputError(f"{source}: unknown key {key!r}; valid keys: {valid}")
         per[owner[head]] = merge(per[owner[head]], flatten(owner[head], {key: value}, source))
     return per
 

@@ -23,3 +23,16 @@ class OutputPathError(UsageError, ValueError):
 
 class EmptyInputError(UsageError, ValueError):
     """An input file with no line to read (empty, or only blank lines)."""
+
+
+class MissingInputError(UsageError, FileNotFoundError):
+    """An input the user named (a file, a folder, a run) that does not exist; the message says how to make it."""
+
+
+class InputError(UsageError, ValueError):
+    """An input the user gave that cannot be used as it is (a dataset without the fold asked for, a suite file
+    with an unknown key, predictions without a column): the message says what is wrong and what to do."""
+
+
+class MissingPackageError(UsageError, ImportError):
+    """An optional package an env or a backend needs is not installed: the message says what to install."""

@@ -16,7 +16,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from simplan.core.errors import EmptyInputError, UsageError
+from simplan.core.errors import EmptyInputError, MissingInputError, UsageError
 from simplan.core.io import has_lines
 from simplan.data.trajectory import Trajectory
 from simplan.data.validate import read_trajectory_lines
@@ -52,7 +52,7 @@ def expand_inputs(inputs: list[str]) -> list[Path]:
         else:
             found = sorted(Path(p) for p in glob.glob(str(path)))
         if not found:
-            raise FileNotFoundError(f"input {item!r}: no such file, or a folder/glob with no .jsonl files")
+            raise MissingInputError(f"input {item!r}: no such file, or a folder/glob with no .jsonl files")
         files += [f for f in found if f not in files]
     empty = [str(f) for f in files if not has_lines(f)]
     if empty:

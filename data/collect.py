@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from simplan.core.config import comma_list
+from simplan.core.errors import InputError
 from simplan.core.io import append_jsonl, read_jsonl_tolerant, write_jsonl
 from simplan.data.collect_workers import episode_outcomes
 from simplan.data.recorder import EpisodeSpec
@@ -163,10 +164,10 @@ def select_tasks(env: Env, cfg: CollectConfig) -> list[Task]:
         missing = [f for f in cfg.families if f not in by_family]
         if missing:
             known = sorted({t.family for t in env.tasks(cfg.fold)})
-            raise ValueError(f"families: {missing} have no {cfg.fold} tasks in {cfg.env}; known: {known}")
+            raise InputError(f"families: {missing} have no {cfg.fold} tasks in {cfg.env}; known: {known}")
     unknown = sorted(set(cfg.family_limits) - set(by_family))
     if unknown:
-        raise ValueError(f"family_limits: {unknown} have no {cfg.fold} tasks here; families: {sorted(by_family)}")
+        raise InputError(f"family_limits: {unknown} have no {cfg.fold} tasks here; families: {sorted(by_family)}")
     groups = []
     for family, group in by_family.items():
         n = cfg.family_limits.get(family, cfg.limit)
@@ -297,7 +298,7 @@ def collect(cfg: CollectConfig) -> CollectReport:
     finally:
         env.close()
     if not tasks:
-        raise ValueError(f"no {cfg.fold} tasks in {cfg.env} for families={cfg.families}; check --families/--fold")
+        raise InputError(f"no {cfg.fold} tasks in {cfg.env} for families={cfg.families}; check --families/--fold")
     specs = plan_episodes(tasks, cfg)
     done, report.problems = load_done(out, cfg.retry_errored)
     todo = [s for s in specs if s.id not in done]

@@ -60,6 +60,7 @@ from pathlib import Path
 from typing import Any
 
 from simplan.core.config import comma_list
+from simplan.core.errors import MissingInputError
 from simplan.core.io import append_jsonl, atomic_open, read_jsonl_tolerant, write_json, write_text
 from simplan.core.text import exact
 from simplan.data.collect import load_done
@@ -363,7 +364,7 @@ def _select(cfg: CounterfactualConfig, report: CounterfactualReport, rejects: li
     """The input trajectories to branch, in input order; the rest counted (and bad lines kept in `rejects`)."""
     missing = [p for p in cfg.inputs if not Path(p).is_file()]
     if missing:
-        raise FileNotFoundError(
+        raise MissingInputError(
             f"inputs: no such file: {', '.join(missing)}; give trajectory JSONL files (simplan collect --out, "
             "simplan traces --out)"
         )

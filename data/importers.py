@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from simplan.core.errors import EmptyInputError
+from simplan.core.errors import EmptyInputError, MissingInputError
 from simplan.core.io import (
     JsonlLine,
     JsonProblem,
@@ -398,7 +398,7 @@ def import_file(path: str | Path, cfg: ImportConfig) -> ImportReport:
     files that replace `cfg.out` and its rejects file only when every line was read."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such file (give a JSONL file with one conversation per line)")
+        raise MissingInputError(f"{path}: no such file (give a JSONL file with one conversation per line)")
     if not has_lines(path):
         raise EmptyInputError(f"{path}: empty (no line to read); give a JSONL file with one conversation per line")
     report = ImportReport(out=cfg.out or str(default_out(path)))

@@ -26,7 +26,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from simplan.core.errors import EmptyInputError
+from simplan.core.errors import EmptyInputError, InputError, MissingInputError
 from simplan.core.io import JsonProblem, atomic_open, has_lines, iter_jsonl_lines, parse_json
 from simplan.data.trajectory import InvalidRecord, Trajectory
 
@@ -156,7 +156,7 @@ def validate_files(
     """
     missing = [str(p) for p in paths if not Path(p).is_file()]
     if missing:
-        raise FileNotFoundError(f"no such file: {', '.join(missing)}")
+        raise MissingInputError(f"no such file: {', '.join(missing)}")
     empty = [str(p) for p in paths if not has_lines(p)]
     if empty:
         raise EmptyInputError(f"{', '.join(empty)}: empty (no line to read); give a file of trajectory JSONL lines")
@@ -164,7 +164,7 @@ def validate_files(
         default_out, default_rejects = default_outputs(paths[0])
         out_path, rejects_path = Path(out_path or default_out), Path(rejects_path or default_rejects)
         if out_path == rejects_path:
-            raise ValueError(f"--out and --rejects are the same file ({out_path}); give two paths")
+            raise InputError(f"--out and --rejects are the same file ({out_path}); give two paths")
     report = ValidationReport(paths=[str(p) for p in paths])
     good_lines: list[bytes] = []
     bad_lines: list[bytes] = []

@@ -41,10 +41,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from simplan.core.errors import MissingPackageError
 
-def missing_package_error(error: ImportError) -> ImportError:
+
+def missing_package_error(error: ImportError) -> MissingPackageError:
     """The error raised where bfcl-eval does not import: what to install, and how."""
-    return ImportError(
+    return MissingPackageError(
         f"envs/bfcl.py needs bfcl-eval ({error}); install it without its heavy dependencies: "
         "`.venv/bin/pip install --no-deps bfcl-eval==2026.3.23 mpmath==1.3.0` (or run `make setup`)"
     )

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from simplan.core.errors import UsageError
+from simplan.core.errors import MissingPackageError, UsageError
 from simplan.envs.base import Env
 from simplan.envs.limits import LimitedEnv, enforces_step_timeout, make_limited
 
@@ -167,7 +167,9 @@ def _load(target: str, label: str) -> Callable[..., Env]:
                 "(pip install -e PATH) or put its folder on PYTHONPATH"
             ) from None
         fix = "run `make setup`" if module_name.startswith("simplan.") else f"install it (pip install {missing})"
-        raise ImportError(f"environment {label!r} needs the package {missing!r}, which is not installed; {fix}") from e
+        raise MissingPackageError(
+            f"environment {label!r} needs the package {missing!r}, which is not installed; {fix}"
+        ) from e
     try:
         factory = getattr(module, attr)
     except AttributeError:

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from simplan.core.errors import InputError
 from simplan.core.io import write_json, write_text
 from simplan.data.build_inputs import expand_inputs, load_trajectories
 from simplan.data.episode import EpisodeState, read_settings, renderer_for, step_outcome
@@ -118,7 +119,7 @@ def collect_rows(cfg: FitJudgeConfig, engine: Any) -> list[Row]:
     dirs = dict(getattr(engine, "adapter_dirs", None) or {})
     sim_settings = read_settings(dirs[cfg.simulator_adapter]) if cfg.simulator_adapter in dirs else None
     if sim_settings is None or not sim_settings.outcomes:
-        raise ValueError(
+        raise InputError(
             f"simulator_adapter: {cfg.simulator_adapter!r} was not trained with outcome lines (its "
             "prompt_settings.json has no outcomes: true); build its dataset with `simplan build --role simulator "
             "--outcomes true`"
@@ -320,7 +321,7 @@ def fit_judge(cfg: FitJudgeConfig, engine: Any) -> dict[str, Any]:
     started = time.perf_counter()
     rows = collect_rows(cfg, engine)
     if not rows:
-        raise ValueError(f"inputs: no state with alternatives in {cfg.inputs}; run `simplan counterfactuals` on them")
+        raise InputError(f"inputs: no state with alternatives in {cfg.inputs}; run `simplan counterfactuals` on them")
     metrics = outcome_metrics(rows, cfg.precision)
     judge = fit(rows, cfg.precision)
     metrics["first_choices"] = first_choices(rows, judge.veto)

@@ -86,6 +86,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from simplan.core.errors import MissingInputError
 from simplan.envs.failures import FailureRules, rules_of_env
 from simplan.evaluation.losses import LOSS_CLASSES, Loss, classify_loss
 from simplan.inference.planning.judge import is_finish
@@ -253,7 +254,7 @@ def trace_files(run: str | Path) -> list[Path]:
         return [p]
     f = p / "traces.jsonl"
     if not f.exists():
-        raise FileNotFoundError(f"{p}: no traces.jsonl; give an eval run folder (simplan eval --out) or a trace file")
+        raise MissingInputError(f"{p}: no traces.jsonl; give an eval run folder (simplan eval --out) or a trace file")
     return [f]
 
 

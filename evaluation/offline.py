@@ -58,6 +58,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from simplan.core.errors import InputError, MissingInputError
 from simplan.core.io import iter_jsonl, write_json, write_jsonl, write_text
 from simplan.core.text import collapse, normalize
 from simplan.data.build_rows import step_rows
@@ -76,7 +77,7 @@ def write_verb_accuracy(cfg: EvalModelConfig, outputs: dict[str, Any], rows: lis
     --write_adapter_accuracy in the adapter's folder too; returns the files written."""
     variant = "adapter" if "adapter" in outputs else "base"
     if cfg.write_adapter_accuracy and variant != "adapter":
-        raise ValueError(
+        raise InputError(
             f"write_adapter_accuracy: {cfg.predictions or 'the run'} has no adapter outputs; drop the flag"
         )
     table = simulator_verb_accuracy(outputs[variant][0], rows)
@@ -99,10 +100,10 @@ def _load_rows(cfg: EvalModelConfig) -> tuple[list[dict[str, Any]], set[str]]:
     if (folder / "dataset" / "dataset_dict.json").exists():
         folder = folder / "dataset"
     if not folder.exists():
-        raise FileNotFoundError(f"dataset: {folder} does not exist; build it with `simplan build`")
+        raise MissingInputError(f"dataset: {folder} does not exist; build it with `simplan build`")
     data = load_from_disk(str(folder))
     if cfg.fold not in data:
-        raise ValueError(f"fold: {cfg.fold!r} is not in {folder} (folds: {list(data)})")
+        raise InputError(f"fold: {cfg.fold!r} is not in {folder} (folds: {list(data)})")
     rows = _step_view(data[cfg.fold])
     if cfg.limit and cfg.limit < len(rows):
         rows = [rows[i] for i in spread_sample([r.get("family") or "" for r in rows], cfg.limit)]
@@ -206,16 +207,16 @@ def _trajectory_files(cfg: EvalModelConfig) -> list[Path]:
     else:
         config = _dataset_root(cfg) / "config.json"
         if not config.exists():
-            raise FileNotFoundError(f"replay: {config} does not exist; name the collection files with --trajectories")
+            raise MissingInputError(f"replay: {config} does not exist; name the collection files with --trajectories")
         inputs = [str(f) for f in json.loads(config.read_text(encoding="utf-8")).get("inputs", [])]
     if not inputs:
-        raise FileNotFoundError(
+        raise MissingInputError(
             "replay: no trajectory files named; give the collection JSONL files with --trajectories"
         )
     try:
         return expand_inputs(inputs)
     except FileNotFoundError as e:
-        raise FileNotFoundError(
+        raise MissingInputError(
             f"replay: {e}; name the collection JSONL files the dataset was built from with --trajectories"
         ) from None
 
@@ -226,7 +227,7 @@ def load_replay_trajectories(cfg: EvalModelConfig, rows: list[dict[str, Any]]) -
     from simplan.data.build_inputs import load_trajectories
 
     if any("trajectory_id" not in r or "step" not in r for r in rows):
-        raise ValueError("replay: the dataset has no trajectory_id/step columns; rebuild it with `simplan build`")
+        raise InputError("replay: the dataset has no trajectory_id/step columns; rebuild it with `simplan build`")
     wanted = {r["trajectory_id"] for r in rows}
     return {t.id: t for t in load_trajectories(_trajectory_files(cfg)).trajectories if t.id in wanted}
 
@@ -251,7 +252,7 @@ def replay_verdicts(
                 continue
             recorded = traj.steps[step].action.text if step < len(traj.steps) else None
             if recorded is None or collapse(recorded) != collapse(rows[i]["completion"]):
-                raise ValueError(
+                raise InputError(
                     f"replay: trajectory {traj.id} step {step} is {recorded!r} in the collection files but "
                     f"{rows[i]['completion']!r} in the dataset: these are not the files it was built from; "
                     "name those with --trajectories"
@@ -264,16 +265,16 @@ def _read_predictions(cfg: EvalModelConfig, rows: list[dict[str, Any]]) -> tuple
     """The outputs of an earlier run's predictions.jsonl, checked row by row against the fold."""
     path = Path(cfg.predictions)
     if not path.exists():
-        raise FileNotFoundError(f"predictions: {path} does not exist; give an eval-model run's predictions.jsonl")
+        raise MissingInputError(f"predictions: {path} does not exist; give an eval-model run's predictions.jsonl")
     records = [json.loads(line) for _, line in iter_jsonl(path)]
     if len(records) != len(rows):
-        raise ValueError(
+        raise InputError(
             f"predictions: {path} has {len(records)} rows, the fold {len(rows)}; "
             "use the run's --dataset, --fold and --limit"
         )
     for i, (record, row) in enumerate(zip(records, rows)):
         if collapse(str(record.get("gold", ""))) != collapse(row["completion"]):
-            raise ValueError(
+            raise InputError(
                 f"predictions: {path}:{i + 1} has gold {record.get('gold')!r} where the fold has "
                 f"{row['completion']!r}; use the run's --dataset, --fold and --limit"
             )
@@ -283,14 +284,14 @@ def _read_predictions(cfg: EvalModelConfig, rows: list[dict[str, Any]]) -> tuple
             stopped = [bool(r[f"{variant}_stopped"]) for r in records] if f"{variant}_stopped" in records[0] else None
             outputs[variant] = ([str(r[variant]) for r in records], stopped, 0.0)
     if not outputs:
-        raise ValueError(f"predictions: {path} has neither a 'base' nor an 'adapter' column")
+        raise InputError(f"predictions: {path} has neither a 'base' nor an 'adapter' column")
     return outputs, {"predictions": str(path)}
 
 
 def evaluate(cfg: EvalModelConfig) -> dict[str, Any]:
     rows, error_texts = _load_rows(cfg)
     if not rows:
-        raise ValueError(f"fold: {cfg.fold!r} of {cfg.dataset} has no rows")
+        raise InputError(f"fold: {cfg.fold!r} of {cfg.dataset} has no rows")
     trajectories = load_replay_trajectories(cfg, rows) if cfg.replay else None
     outputs, facts = _read_predictions(cfg, rows) if cfg.predictions else generate_variants(cfg, rows)
     results: dict[str, dict[str, Any]] = {}

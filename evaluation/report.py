@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from simplan.core.errors import InputError
 from simplan.core.io import atomic_open, write_json, write_text
 from simplan.evaluation.report_data import RunData, load_run_data
 from simplan.evaluation.report_plots import PLOTS
@@ -102,12 +103,12 @@ def write_report(
     """Write report.md (+ plots/*.png) and a self-contained report.html; returns their paths. `extra`: tables a
     caller measured beside the runs (the flywheel's simulator check), shown after the main ones."""
     if not run_dirs:
-        raise ValueError("write_report: give at least one run folder (simplan eval --out) or trace file")
+        raise InputError("write_report: give at least one run folder (simplan eval --out) or trace file")
     out = Path(out_dir)
     runs = [load_run_data(r, n) for r, n in zip(run_dirs, _unique_names(run_dirs))]
     empty = [str(r.path) for r in runs if not r.records]
     if len(empty) == len(runs):
-        raise ValueError(f"write_report: no finished episode in {', '.join(empty)}; run `simplan eval` first")
+        raise InputError(f"write_report: no finished episode in {', '.join(empty)}; run `simplan eval` first")
     by_game = [family_tables(r) for r in runs]
     # The paired comparison first, then per game, then why episodes were lost; the per-arm rates after them.
     comparisons = arm_comparisons(runs)

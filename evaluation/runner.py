@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from simplan.core.config import build, flatten, merge, upgrade_keys
+from simplan.core.errors import InputError
 from simplan.core.io import append_jsonl, write_json
 from simplan.envs.base import Task
 from simplan.evaluation.episode_threads import EnvSlot, locked_token_counter, run_episode, run_in_slots
@@ -276,7 +277,7 @@ def check_identity(out: Path, identity: dict[str, Any]) -> None:
             old = canonical_planner_keys(old)
         if old is not None and old != identity:
             changed = sorted(k for k in identity if old.get(k) != identity.get(k))
-            raise ValueError(
+            raise InputError(
                 f"{out}: holds episodes of a different evaluation (changed: {', '.join(changed)}; see {path}); "
                 "use another --out, or --fresh to delete the old results"
             )

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from simplan.core.config import coerce
+from simplan.core.errors import InputError, MissingInputError
 from simplan.envs.base import FOLDS, Env, Task, env_extra
 from simplan.envs.registry import make_env
 from simplan.evaluation.faults import FaultConfig
@@ -172,12 +173,12 @@ def suite_path(name_or_path: str) -> Path:
     p = Path(name_or_path)
     if p.suffix in (".yaml", ".yml") or p.exists():
         if not p.exists():
-            raise FileNotFoundError(f"suite file {p} does not exist")
+            raise MissingInputError(f"suite file {p} does not exist")
         return p
     candidate = suites_dir() / f"{name_or_path}.yaml"
     if not candidate.exists():
         known = ", ".join(list_suites()) or "none"
-        raise FileNotFoundError(
+        raise MissingInputError(
             f"suite {name_or_path!r}: no {candidate}; known suites: {known} (or pass a path to a suite YAML file)"
         )
     return candidate
@@ -190,21 +191,21 @@ def load_suite(name_or_path: str) -> Suite:
     path = suite_path(name_or_path)
     data = yaml.safe_load(path.read_text()) or {}
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: a suite is a mapping with `entries`, got {type(data).__name__}")
+        raise InputError(f"{path}: a suite is a mapping with `entries`, got {type(data).__name__}")
     unknown = sorted(set(data) - _SUITE_KEYS)
     if unknown:
-        raise ValueError(f"{path}: unknown key(s) {unknown}; valid: {sorted(_SUITE_KEYS)}")
+        raise InputError(f"{path}: unknown key(s) {unknown}; valid: {sorted(_SUITE_KEYS)}")
     entries_raw = data.get("entries")
     if not entries_raw or not isinstance(entries_raw, list):
-        raise ValueError(f"{path}: `entries` must be a non-empty list of {{env, fold, families, ...}}")
+        raise InputError(f"{path}: `entries` must be a non-empty list of {{env, fold, families, ...}}")
     defaults = {k: data[k] for k in _DEFAULT_KEYS if k in data}
     entries = []
     for i, raw in enumerate(entries_raw):
         if not isinstance(raw, dict) or "env" not in raw:
-            raise ValueError(f"{path}: entries[{i}] must be a mapping with at least `env`")
+            raise InputError(f"{path}: entries[{i}] must be a mapping with at least `env`")
         bad = sorted(set(raw) - _ENTRY_KEYS)
         if bad:
-            raise ValueError(f"{path}: entries[{i}]: unknown key(s) {bad}; valid: {sorted(_ENTRY_KEYS)}")
+            raise InputError(f"{path}: entries[{i}]: unknown key(s) {bad}; valid: {sorted(_ENTRY_KEYS)}")
         merged = {**defaults, **raw}
         try:
             merged["faults"] = FaultConfig.from_dict(merged.get("faults"))
@@ -213,7 +214,7 @@ def load_suite(name_or_path: str) -> Suite:
                 merged[key] = coerce(merged[key], _ENTRY_HINTS[key], key)
             entries.append(SuiteEntry(**merged))
         except (TypeError, ValueError) as e:
-            raise ValueError(f"{path}: entries[{i}]: {e}") from None
+            raise InputError(f"{path}: entries[{i}]: {e}") from None
     return Suite(
         name=str(data.get("name") or path.stem),
         entries=entries,
@@ -231,7 +232,7 @@ def entry_tasks(entry: SuiteEntry, env: Env | None = None) -> list[Task]:
             every = {t.task_id: t for t in env.tasks(entry.fold, families=entry.families)}
             missing = [t for t in entry.task_ids if t not in every]
             if missing:
-                raise ValueError(
+                raise InputError(
                     f"suite entry {entry.env}/{entry.fold}: task id(s) {missing[:5]} are not in the fold "
                     f"(e.g. {', '.join(list(every)[:3])})"
                 )

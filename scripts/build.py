@@ -19,7 +19,7 @@ from simplan.core.config import parse_config
 from simplan.core.io import check_output_folder
 from simplan.data.build import BuildConfig, build
 from simplan.data.build_stats import stats_markdown
-from simplan.scripts.cli import command, usage_errors
+from simplan.scripts.cli import command
 
 MAX_PRINTED_PROBLEMS = 20
 
@@ -29,8 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     (cfg,) = parse_config([BuildConfig], argv, description=__doc__.split("\n")[0], prog="simplan build")
     if cfg.out:
         check_output_folder(cfg.out)
-    with usage_errors(FileNotFoundError):  # a missing input; bad lines, fold leaks and unknown envs are UsageErrors
-        result = build(cfg)
+    result = build(cfg)
     stats = result.stats
     problems = stats["problems"]
     for line in problems[:MAX_PRINTED_PROBLEMS]:

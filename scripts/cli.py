@@ -19,7 +19,9 @@ Errors are caught once, here: a `UsageError` (core/errors.py: a flag, a path or 
 exits 2 with its message; Ctrl-C exits 130; any other exception exits 1 with one line and the path of a file
 that holds the full traceback. `simplan --debug COMMAND ...` (or SIMPLAN_DEBUG=1) prints the traceback instead.
 Scripts do not catch errors themselves: `@command` puts a script's `main` behind this same boundary when it is
-called directly, and `usage_errors(FileNotFoundError)` marks a library exception as the user's to fix.
+called directly. Library code raises typed errors for what the user must fix (core/errors.py: MissingInputError,
+InputError, MissingPackageError, ...); `usage_errors(ImportError)` marks a plain exception as one where a block can
+only fail that way (an env whose package is missing).
 """
 
 from __future__ import annotations

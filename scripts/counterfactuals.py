@@ -21,7 +21,7 @@ from simplan.core.config import parse_config
 from simplan.core.errors import EmptyInputError
 from simplan.core.io import check_output_file, has_lines
 from simplan.data.counterfactual import CounterfactualConfig, collect_counterfactuals
-from simplan.scripts.cli import command, usage_errors
+from simplan.scripts.cli import command
 
 
 @command("simplan counterfactuals")
@@ -33,8 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     empty = [path for path in cfg.inputs if Path(path).is_file() and not has_lines(path)]
     if empty:
         raise EmptyInputError(f"{', '.join(empty)}: empty (no line to read); give trajectory JSONL files")
-    with usage_errors(FileNotFoundError):  # a missing input, found before anything runs: nothing was written
-        report = collect_counterfactuals(cfg)
+    report = collect_counterfactuals(cfg)
     print(report.summary())
     failed = report.skipped["bad_line"] + report.skipped["env_failed"] + report.unfinished
     return 1 if failed else 0

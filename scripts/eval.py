@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     engine = engine_from_config(engine_cfg)
     engine_info["merge_adapters"] = is_merged(engine)  # what `auto` chose, recorded with each invocation
     try:
-        with usage_errors(ValueError, FileNotFoundError, ImportError):  # a missing adapter or suite file, a bad arm
+        with usage_errors(ImportError):  # an env whose package is not installed (inputs raise UsageErrors)
             outcome = evaluate(eval_cfg, engine, engine_info=engine_info)
     except KeyboardInterrupt:  # Ctrl-C (or a timeout's SIGINT): say what was kept instead of a traceback
         print(

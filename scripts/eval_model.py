@@ -18,8 +18,10 @@ import sys
 from simplan.core.config import parse_config
 from simplan.core.io import check_output_folder
 from simplan.evaluation.offline import EvalModelConfig
+from simplan.scripts.cli import command
 
 
+@command("simplan eval-model")
 def main(argv: list[str] | None = None) -> int:
     (cfg,) = parse_config(
         [EvalModelConfig],
@@ -30,11 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     check_output_folder(cfg.out_dir())
     from simplan.evaluation.offline import evaluate
 
-    try:
-        report = evaluate(cfg)
-    except (FileNotFoundError, ValueError) as e:
-        print(f"simplan eval-model: {e}", file=sys.stderr)
-        return 2
+    report = evaluate(cfg)
     print((cfg.out_dir() / "metrics.md").read_text())
     print(f"eval-model: wrote {report['out']}")
     for path in report.get("accuracy_files", []):

@@ -17,8 +17,10 @@ from simplan.core.config import parse_config
 from simplan.core.io import check_output_folder
 from simplan.evaluation.judge_fit import FitJudgeConfig
 from simplan.inference.engines import EngineConfig, engine_from_config
+from simplan.scripts.cli import command
 
 
+@command("simplan fit-judge")
 def main(argv: list[str] | None = None) -> int:
     cfg, engine_cfg = parse_config(
         [FitJudgeConfig, EngineConfig], argv, description=__doc__.split("\n")[0], prog="simplan fit-judge"
@@ -29,9 +31,6 @@ def main(argv: list[str] | None = None) -> int:
     engine = engine_from_config(engine_cfg)
     try:
         result = fit_judge(cfg, engine)
-    except (FileNotFoundError, ValueError) as e:
-        print(f"simplan fit-judge: {e}", file=sys.stderr)
-        return 2
     finally:
         engine.close()
     print((result["out"] / "metrics.md").read_text())

@@ -17,7 +17,7 @@ import sys
 from simplan.core.config import parse_config
 from simplan.core.io import check_output_file
 from simplan.data.importers import ImportConfig, import_file
-from simplan.scripts.cli import command, usage_errors
+from simplan.scripts.cli import command
 
 
 def _positional(parser: argparse.ArgumentParser) -> None:
@@ -31,8 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     if cfg.out:
         check_output_file(cfg.out)
-    with usage_errors(FileNotFoundError):
-        report = import_file(args.file, cfg)
+    report = import_file(args.file, cfg)
     print(report.summary(), file=sys.stdout if report.ok else sys.stderr)
     return 0 if report.ok else 1
 

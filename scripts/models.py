@@ -13,6 +13,7 @@ from __future__ import annotations
 import sys
 
 from simplan.core.config import ShortErrorParser
+from simplan.scripts.cli import command
 
 DEFAULT_QUESTION = "What is the capital of France?"
 
@@ -33,6 +34,7 @@ def check_model(folder: str, question: str, max_new_tokens: int = 40) -> str:
     return tok.decode(out[0, enc["input_ids"].shape[1] :], skip_special_tokens=True).strip()
 
 
+@command("simplan models")
 def main(argv: list[str] | None = None) -> int:
     parser = ShortErrorParser(prog="simplan models", description="List or fetch base models.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -43,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     fetch.add_argument("--question", default=DEFAULT_QUESTION, help="the question --check asks")
     args = parser.parse_args(argv)
 
-    from simplan.models.registry import ModelNotFoundError, list_models, resolve_model
+    from simplan.models.registry import list_models, resolve_model
 
     if args.command == "list":
         rows = list_models()
@@ -51,11 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         for r in rows:
             print(f"{r['name']:<{width}}  {r['status']}\n{'':<{width}}  {r['description']}")
         return 0
-    try:
-        folder = resolve_model(args.name)
-    except ModelNotFoundError as e:
-        print(f"simplan models fetch: {e}", file=sys.stderr)
-        return 2
+    folder = resolve_model(args.name)  # a ModelNotFoundError says where it looked and what to do
     print(folder)
     if args.check:
         print(f"Q: {args.question}\nA: {check_model(folder, args.question)}")

@@ -14,8 +14,10 @@ import sys
 from simplan.core.config import ShortErrorParser
 from simplan.core.io import check_output_folder
 from simplan.evaluation.report import write_report
+from simplan.scripts.cli import command
 
 
+@command("simplan report")
 def main(argv: list[str] | None = None) -> int:
     parser = ShortErrorParser(prog="simplan report", description=__doc__.split("\n")[0])
     parser.add_argument("runs", nargs="+", help="eval run folders or traces.jsonl files")
@@ -23,11 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--title", default="simplan evaluation report", help="report title")
     args = parser.parse_args(argv)
     check_output_folder(args.out)
-    try:
-        paths = write_report(args.runs, args.out, title=args.title)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"simplan report: {e}", file=sys.stderr)
-        return 2
+    paths = write_report(args.runs, args.out, title=args.title)
     print(f"report: {paths['md']}\nreport: {paths['html']}")
     return 0
 

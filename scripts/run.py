@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from simplan.core.config import parse_config
+from simplan.core.errors import InputError
 from simplan.core.io import check_output_file
 from simplan.envs.base import FOLDS, Env, Task
-from simplan.envs.registry import UnknownEnvError, make_env
+from simplan.envs.registry import make_env
 from simplan.inference.engines import EngineConfig, engine_from_config
 from simplan.inference.engines.base import Engine
 from simplan.inference.planning.planner import Planner, PlannerConfig
@@ -38,6 +39,7 @@ from simplan.inference.planning.trace import (
     append_trace,
     format_event,
 )
+from simplan.scripts.cli import command, usage_errors
 
 VIEWS = ("rich", "plain", "none")
 
@@ -74,7 +76,7 @@ def find_task(env: Env, task_id: str, fold: str = "") -> Task:
     if not task_id:
         tasks = env.tasks(fold or "dev", limit=1)
         if not tasks:
-            raise ValueError(f"env {env.name!r} has no tasks in fold {fold or 'dev'!r}")
+            raise InputError(f"env {env.name!r} has no tasks in fold {fold or 'dev'!r}")
         return tasks[0]
     seen: list[str] = []
     for f in [fold] if fold else list(FOLDS):
@@ -84,7 +86,7 @@ def find_task(env: Env, task_id: str, fold: str = "") -> Task:
                 return t
         seen += [t.task_id for t in tasks[:3]]
     where = f"fold {fold!r}" if fold else "any fold"
-    raise ValueError(f"task {task_id!r} is not in {where} of env {env.name!r}; task ids look like: {', '.join(seen)}")
+    raise InputError(f"task {task_id!r} is not in {where} of env {env.name!r}; task ids look like: {', '.join(seen)}")
 
 
 def build_engine(cfg: EngineConfig) -> Engine:
@@ -125,18 +127,16 @@ def make_view(kind: str) -> Any:
     return show
 
 
+@command("simplan run")
 def main(argv: list[str] | None = None) -> int:
     run_cfg, engine_cfg, planner_cfg = parse_config(
         [RunConfig, EngineConfig, PlannerConfig], argv, description=__doc__.split("\n")[0], prog="simplan run"
     )
     if run_cfg.trace:
         check_output_file(run_cfg.trace, "--trace")  # before the engine loads, not after the episode ran
-    try:
+    with usage_errors(ImportError):  # an env whose package is not installed
         env = make_env(run_cfg.env, **run_cfg.env_kwargs)
-    except (UnknownEnvError, ImportError) as e:
-        print(f"simplan run: {e}", file=sys.stderr)
-        return 2
-    try:
+    try:  # no such task, or an arm the engine cannot serve, is an InputError: nothing ran, nothing written
         task = find_task(env, run_cfg.task, run_cfg.fold)
         engine = build_engine(engine_cfg)
         try:
@@ -144,9 +144,6 @@ def main(argv: list[str] | None = None) -> int:
             result = planner.run(task)
         finally:
             engine.close()
-    except ValueError as e:  # no such task, or an arm the engine cannot serve: nothing ran, nothing written
-        print(f"simplan run: {e}", file=sys.stderr)
-        return 2
     finally:
         env.close()
     # env.name, not --env: a module:Class spec is no file name

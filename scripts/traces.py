@@ -16,18 +16,16 @@ import sys
 
 from simplan.core.config import parse_config
 from simplan.core.io import check_output_file
+from simplan.scripts.cli import command
 from simplan.workflows.harvest import TracesConfig, harvest
 
 
+@command("simplan traces")
 def main(argv: list[str] | None = None) -> int:
     (cfg,) = parse_config([TracesConfig], argv, description=__doc__.split("\n")[0], prog="simplan traces")
     if cfg.out:
         check_output_file(cfg.out)
-    try:
-        report = harvest(cfg)
-    except FileNotFoundError as e:
-        print(f"simplan traces: {e}", file=sys.stderr)
-        return 2
+    report = harvest(cfg)
     print(report.summary())
     if not report.written:
         print("simplan traces: no episode could be converted; see the skipped counts above", file=sys.stderr)

@@ -14,9 +14,11 @@ import sys
 
 from simplan.core.config import parse_config
 from simplan.core.io import check_output_folder
+from simplan.scripts.cli import command
 from simplan.training.config import DataArguments, LoraArguments, ModelArguments, TrainArguments
 
 
+@command("simplan train")
 def main(argv: list[str] | None = None) -> int:
     model_args, lora_args, data_args, train_args = parse_config(
         [ModelArguments, LoraArguments, DataArguments, TrainArguments],
@@ -27,11 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     check_output_folder(train_args.output_dir, "--output_dir")
     from simplan.training.trainer import train  # heavy imports only once the flags parsed
 
-    try:
-        result = train(model_args, lora_args, data_args, train_args)
-    except (FileNotFoundError, ValueError) as e:
-        print(f"simplan train: {e}", file=sys.stderr)
-        return 2
+    result = train(model_args, lora_args, data_args, train_args)
     print(result.adapter_dir)
     return 0
 

@@ -17,8 +17,10 @@ import sys
 from simplan.core.config import ShortErrorParser
 from simplan.core.io import check_output_file
 from simplan.data.validate import validate_files
+from simplan.scripts.cli import command
 
 
+@command("simplan validate")
 def main(argv: list[str] | None = None) -> int:
     parser = ShortErrorParser(prog="simplan validate", description=__doc__.split("\n")[0])
     parser.add_argument("files", nargs="+", help="trajectory JSONL files")
@@ -32,11 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     for flag, path in (("--out", args.out), ("--rejects", args.rejects)):
         if path:
             check_output_file(path, flag)
-    try:
-        report = validate_files(args.files, out_path=args.out, rejects_path=args.rejects, keep_going=args.keep_going)
-    except (FileNotFoundError, ValueError) as e:
-        print(f"simplan validate: {e}", file=sys.stderr)
-        return 2
+    report = validate_files(args.files, out_path=args.out, rejects_path=args.rejects, keep_going=args.keep_going)
     print(report.summary(args.max_problems), file=sys.stdout if report.ok else sys.stderr)
     return 0 if report.ok else 1
 

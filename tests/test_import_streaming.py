@@ -129,3 +129,25 @@ def test_memory_does_not_hold_the_converted_trajectories(mixed: Path, monkeypatc
     monkeypatch.setattr(importers, "to_trajectory", to_trajectory)
     report = import_file(mixed, ImportConfig(format="openai", out="out.jsonl"))
     assert report.converted == 5 and not hasattr(report, "trajectories")
+
+
+def test_a_line_that_is_not_utf8_or_too_long_is_reported_and_the_rest_imported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bytes that are not UTF-8 spoil only their own line (kept aside as they were on disk); a line over the size
+    cap is skipped without being held, reported at its line, and the lines after it are still read."""
+    from simplan.core import io
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(io.iter_jsonl_lines, "__defaults__", (4096,))  # the cap one record may have, made small
+    good, latin1 = (
+        _chat("go north", "north").encode(),
+        _chat("cafe", "ok").replace("cafe", "caf\xe9").encode("latin-1"),
+    )
+    Path("bytes.jsonl").write_bytes(b"\n".join([good, latin1, _chat("y" * 5000, "long").encode(), good]) + b"\n")
+    report = import_file(Path("bytes.jsonl"), ImportConfig(format="openai", out="out.jsonl"))
+    assert report.converted == 2 and len(report.problems) == 2
+    assert report.problems[0].startswith("bytes.jsonl:2: ") and "not UTF-8 at byte" in report.problems[0]
+    assert report.problems[1].startswith("bytes.jsonl:3: ") and "over the 4,096" in report.problems[1]
+    assert Path(report.rejects).read_bytes() == latin1 + b"\n"  # the too-long line was never held, so not kept
+    assert len(Path("out.jsonl").read_text().splitlines()) == 2

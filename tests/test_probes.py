@@ -237,6 +237,70 @@ def test_an_unexpected_error_is_one_line_and_a_saved_traceback(tmp_path, capsys,
     assert rc == 1 and "Traceback (most recent call last)" in err and "RuntimeError" in err
 
 
+def test_a_plain_value_error_inside_the_work_is_a_failure_not_a_usage_error(tmp_path, capsys, monkeypatch):
+    """Only typed errors (core/errors.py) are the user's to fix: a ValueError from a bug in the library exits 1 with
+    its traceback saved, as any other failure does, instead of being printed as if the user had erred."""
+    import simplan.scripts.report as report_script
+
+    def broken(*args, **kwargs):
+        raise ValueError("a bug: bins must increase")
+
+    monkeypatch.setattr(report_script, "write_report", broken)
+    monkeypatch.setattr(cli.tempfile, "tempdir", str(tmp_path))
+    monkeypatch.delenv("SIMPLAN_DEBUG", raising=False)
+    rc, err = simplan(capsys, "report", tmp_path / "run", "--out", tmp_path / "out")
+    assert rc == 1 and "failed: ValueError: a bug" in err and "the traceback is in" in err
+
+
+SCRIPTS = Path(cli.__file__).parent
+
+
+def test_scripts_leave_errors_to_the_one_boundary():
+    """No script catches an error to print it and return a status itself (a copy of scripts/cli.py's boundary that
+    drifts): `except` in a script only for what it does on the way out (eval's Ctrl-C note, envs list going on
+    past a broken plugin, an optional import's fallback), never with `return 2`."""
+    import ast
+
+    offenders = []
+    for path in sorted(SCRIPTS.glob("*.py")):
+        if path.name in ("cli.py", "__init__.py"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ExceptHandler):
+                caught = ast.unparse(node.type) if node.type is not None else "everything"
+                returns_2 = any(
+                    isinstance(n, ast.Return) and isinstance(n.value, ast.Constant) and n.value.value == 2
+                    for n in ast.walk(node)
+                )
+                if returns_2 or any(w in caught for w in ("ValueError", "FileNotFoundError", "UsageError")):
+                    offenders.append(f"{path.name}:{node.lineno} except {caught}")
+    assert not offenders, offenders
+
+
+def missing_input_commands(tmp: Path) -> list[tuple[str, list[str]]]:
+    """(words the message must hold, argv) of each command given an input that does not exist."""
+    gone = tmp / "gone"
+    return [
+        (f"{gone}.jsonl", ["validate", f"{gone}.jsonl"]),
+        (f"{gone}.jsonl", ["import", f"{gone}.jsonl", "--out", tmp / "imported.jsonl"]),
+        (f"{gone}.jsonl", ["build", "--role", "decider", "--inputs", f"{gone}.jsonl", "--out", tmp / "ds"]),
+        (f"{gone}.jsonl", ["counterfactuals", "--inputs", f"{gone}.jsonl", "--out", tmp / "cf.jsonl"]),
+        (str(gone), ["traces", "--runs", gone, "--out", tmp / "traces.jsonl"]),
+        (str(gone), ["report", gone, "--out", tmp / "report"]),
+        (str(gone), ["eval-model", "--role", "decider", "--dataset", gone, "--out", tmp / "em"]),
+        ("nosuch-1", ["run", "--env", "toy", "--task", "nosuch-1", "--engine", "random", "--view", "none"]),
+        (f"{gone}.yaml", ["eval", "--suite", f"{gone}.yaml", "--engine", "random", "--out", tmp / "ev"]),
+    ]
+
+
+@pytest.mark.parametrize("index", range(len(missing_input_commands(Path("/x")))))
+def test_every_command_names_a_missing_input_with_status_2(index, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # `run` writes its default trace under runs/ of the working folder
+    words, argv = missing_input_commands(tmp_path)[index]
+    rc, err = simplan(capsys, *argv)
+    assert rc == 2 and words in err and "failed:" not in err, err
+
+
 def test_a_disk_that_fills_during_the_work_is_named_in_words(tmp_path, capsys, monkeypatch):
     def main(argv: list[str]) -> int:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "runs/eval/x/traces.jsonl")

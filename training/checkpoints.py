@@ -26,6 +26,7 @@ from typing import Any
 
 import yaml
 
+from simplan.core.errors import InputError
 from simplan.core.io import atomic_open, iter_jsonl_lines
 
 # What `Trainer._save_checkpoint` writes, in this order: the weights (a PEFT adapter, or a whole model
@@ -190,7 +191,7 @@ def check_resumable(out: Path, resolved: dict[str, Any]) -> None:
     )
     if changed:
         diffs = ", ".join(f"{k}: {saved[k]!r} -> {resolved[k]!r}" for k in changed)
-        raise ValueError(
+        raise InputError(
             f"output_dir: {out} holds checkpoints of a run with a different configuration ({diffs}); "
             "give a new --output_dir, or --resume false to start over there"
         )

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from simplan.core.errors import InputError, MissingInputError
 from simplan.data.episode import PromptSettings, read_settings
 from simplan.data.format import completion_text, prompt_text
 from simplan.training.config import DataArguments
@@ -58,7 +59,7 @@ def assistant_spans(
         head = tokenizer.apply_chat_template(messages[:i], add_generation_prompt=True, tokenize=False)
         end = len(head) + len(m["content"])
         if not text.startswith(head) or text[len(head) : end] != m["content"]:
-            raise ValueError(
+            raise InputError(
                 f"the chat template does not render assistant turn {i} after its prompt as it renders the prompt "
                 "alone (a template that rewrites earlier turns, e.g. drops reasoning); train with `simplan build "
                 "--format step` data or a prefix-preserving template"
@@ -92,7 +93,7 @@ def tokenize_dataset(dataset: Any, tokenizer: Any, max_length: int, desc: str = 
         return _tokenize(dataset, max_length, desc, _conversation_encoder(tokenizer))
     for column in ("prompt", "completion"):
         if column not in columns:
-            raise ValueError(
+            raise InputError(
                 f"dataset has no {column!r} column (columns: {columns}); build it with `simplan build`, which "
                 "writes messages + weights (conversation) or prompt + completion (step)"
             )
@@ -134,7 +135,7 @@ def tokenize_branches(
         messages = branch_messages(prefix, b)
         whole = tokenize_conversation(tokenizer, messages, [0] * (len(messages) - 1) + [1])
         if whole["input_ids"][: len(prefix_ids)] != prefix_ids:
-            raise ValueError(
+            raise InputError(
                 "the chat template renders a conversation's start differently once a turn follows; branch rows "
                 "need a prefix-preserving template (build without --outcomes, or use another model)"
             )
@@ -238,14 +239,14 @@ def load_splits(data_args: DataArguments) -> tuple[Any, Any | None]:
     if (folder / "dataset" / "dataset_dict.json").exists():  # the `simplan build --out` folder
         folder = folder / "dataset"
     if not folder.exists():
-        raise FileNotFoundError(f"dataset: {folder} does not exist; build it with `simplan build --out {folder} ...`")
+        raise MissingInputError(f"dataset: {folder} does not exist; build it with `simplan build --out {folder} ...`")
     data = load_from_disk(str(folder))
     if not hasattr(data, "keys"):
-        raise ValueError(
+        raise InputError(
             f"dataset: {folder} holds a single Dataset; expected a DatasetDict by fold from `simplan build`"
         )
     if data_args.train_split not in data:
-        raise ValueError(f"train_split: {data_args.train_split!r} is not a fold of {folder} (folds: {list(data)})")
+        raise InputError(f"train_split: {data_args.train_split!r} is not a fold of {folder} (folds: {list(data)})")
     train = data[data_args.train_split]
     if data_args.max_train_examples:
         train = train.select(range(min(len(train), data_args.max_train_examples)))
@@ -278,7 +279,7 @@ def tokenized_splits(data_args: DataArguments, tokenizer: Any) -> TokenizedSplit
     train_raw, dev_raw = load_splits(data_args)
     train_ds, dropped_train = tokenize_dataset(train_raw, tokenizer, data_args.max_length, "tokenize train")
     if len(train_ds) == 0:
-        raise ValueError(
+        raise InputError(
             f"max_length: all {dropped_train} training examples of {data_args.dataset} are longer than "
             f"{data_args.max_length} tokens; raise max_length or rebuild the dataset with a smaller prompt budget"
         )

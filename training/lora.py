@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from simplan.core.errors import InputError, MissingInputError
 from simplan.core.io import atomic_dir
 from simplan.data.episode import PromptSettings, write_settings
 from simplan.models.registry import resolve_model
@@ -70,7 +71,7 @@ def read_lora_init(lora_args: LoraArguments) -> Any | None:
         return None
     init = Path(lora_args.lora_init)
     if not (init / "adapter_config.json").exists():
-        raise FileNotFoundError(f"lora_init: {init} has no adapter_config.json; give a run's output_dir/adapter")
+        raise MissingInputError(f"lora_init: {init} has no adapter_config.json; give a run's output_dir/adapter")
     saved = PeftConfig.from_pretrained(str(init))
     _check_lora_init(
         init, [("lora_r", saved.r, lora_args.lora_r), ("lora_alpha", saved.lora_alpha, lora_args.lora_alpha)]
@@ -81,7 +82,7 @@ def read_lora_init(lora_args: LoraArguments) -> Any | None:
 def _check_lora_init(init: Path, pairs: list[tuple[str, Any, Any]]) -> None:
     differ = [f"{name} {have!r} (given {want!r})" for name, have, want in pairs if have != want]
     if differ:
-        raise ValueError(f"lora_init: {init} was trained with {', '.join(differ)}; give its values")
+        raise InputError(f"lora_init: {init} was trained with {', '.join(differ)}; give its values")
 
 
 def load_model_for_training(model_args: ModelArguments, lora_args: LoraArguments, bf16: bool) -> tuple[Any, str]:

@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from simplan.core.config import load_configs
+from simplan.core.errors import InputError
 from simplan.core.io import iter_jsonl, write_json
 from simplan.data.build import BuildConfig
 from simplan.data.episode import PromptSettings, read_settings
@@ -287,7 +288,7 @@ def check_layout(adapter: Path, settings: PromptSettings) -> None:
         return
     here = settings.to_dict()
     differ = ", ".join(f"{k}: {v!r} there, {here[k]!r} here" for k, v in saved.to_dict().items() if v != here[k])
-    raise ValueError(
+    raise InputError(
         f"simulator check: {adapter} was trained with other prompt settings ({differ}); set the round's `build` keys "
         "to the ones it was trained with, so both simulators are measured on the layout they learned"
     )
@@ -377,7 +378,7 @@ class Flywheel(Pipeline):
         try:
             contents = {run: file_digest(trace_file(run)) for run in self.cfg.eval_runs}
         except FileNotFoundError as e:
-            raise ValueError(f"eval_runs: {e}") from None
+            raise InputError(f"eval_runs: {e}") from None
         return Stage(
             "traces",
             command_line("traces", flags(values)),

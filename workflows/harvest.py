@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from simplan.core.config import comma_list
+from simplan.core.errors import MissingInputError
 from simplan.core.io import read_jsonl_tolerant, write_jsonl
 from simplan.core.text import exact
 from simplan.data.recorder import EpisodeSpec, Recorder
@@ -221,7 +222,7 @@ def trace_file(run: str) -> Path:
     if path.is_dir():
         path = path / TRACES
     if not path.exists():
-        raise FileNotFoundError(f"{run}: no traces; give an eval run folder (simplan eval --out) or a traces.jsonl")
+        raise MissingInputError(f"{run}: no traces; give an eval run folder (simplan eval --out) or a traces.jsonl")
     return path
 
 

@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from simplan.core.errors import InputError
 from simplan.data.format import Messages, outcome_line
 from simplan.data.outcomes import OUTCOMES
 from simplan.inference.engines.base import ScoreRequest, ScoreResult, softmax
@@ -71,10 +72,10 @@ class OutcomeJudge:
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.veto <= 1.0:
-            raise ValueError(f"outcome judge veto: must be in [0, 1], got {self.veto!r}")
+            raise InputError(f"outcome judge veto: must be in [0, 1], got {self.veto!r}")
         unknown = sorted(set(self.weights) - set(FEATURES))
         if unknown:
-            raise ValueError(f"outcome judge weights: unknown features {unknown}; known: {', '.join(FEATURES)}")
+            raise InputError(f"outcome judge weights: unknown features {unknown}; known: {', '.join(FEATURES)}")
 
     @staticmethod
     def bad(probs: dict[str, float]) -> float:
@@ -109,7 +110,7 @@ class OutcomeJudge:
         try:
             return cls(**data)
         except (TypeError, ValueError) as e:
-            raise ValueError(f"{path}: not an outcome judge ({e}); refit it with `simplan fit-judge`") from None
+            raise InputError(f"{path}: not an outcome judge ({e}); refit it with `simplan fit-judge`") from None
 
     @classmethod
     def for_adapter(cls, adapter_dir: str | Path | None) -> OutcomeJudge:

@@ -38,6 +38,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from simplan.core.errors import InputError
 from simplan.core.text import normalize, similarity
 from simplan.data.episode import EpisodeState
 from simplan.data.format import (
@@ -122,7 +123,7 @@ class Planner:
         simulates = config.simulates()
         for role, name in (("decider", self.decider), ("simulator", self.simulator if simulates else None)):
             if name is not None and name not in known:
-                raise ValueError(
+                raise InputError(
                     f"PlannerConfig.{role}_adapter: the engine has no adapter {name!r} (it has: "
                     f"{', '.join(known) or 'none'}); pass --adapters {role}=DIR to the engine, or use the base "
                     f"model: --{role}_adapter '' (simplan run) or --planner '{{{role}_adapter: \"\"}}' (simplan eval)"

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from simplan.core.errors import InputError
 from simplan.envs.base import Task
 from simplan.inference.planning.sim_accuracy import ACCURACY_FILE, SimulatorAccuracy
 
@@ -158,14 +159,14 @@ def load_simulator_accuracy(config: PlannerConfig, adapter_dirs: dict[str, str])
         path = Path(folder) / ACCURACY_FILE if folder else None
     if path is None or not path.is_file():
         where = f"{path} does not exist" if path is not None else "the simulator has no adapter folder"
-        raise ValueError(
+        raise InputError(
             f"PlannerConfig.router.simulator_accuracy: router selective needs the simulator's per-verb accuracy and "
             f"{where}; write it with `simplan eval-model --role simulator --adapter DIR --write_adapter_accuracy true`"
             f", or give --router.simulator_accuracy PATH/{ACCURACY_FILE}"
         )
     table = SimulatorAccuracy.read(path)
     if not table.overall.n:
-        raise ValueError(
+        raise InputError(
             f"PlannerConfig.router.simulator_accuracy: {path} holds no predictions; evaluate on a fold's rows"
         )
     return table

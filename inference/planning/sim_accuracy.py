@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from simplan.core.errors import InputError
 from simplan.core.io import write_json
 from simplan.data.format import CONVERSATION_SIMULATOR_SYSTEM, SECTION_ACTION
 from simplan.inference.planning.trace import EpisodeTrace, predicted_exactly
@@ -112,18 +113,18 @@ class SimulatorAccuracy:
         try:
             data = json.loads(Path(path).read_text(encoding="utf-8"))
         except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: not JSON ({e}); write it with `simplan eval-model --role simulator`") from None
+            raise InputError(f"{path}: not JSON ({e}); write it with `simplan eval-model --role simulator`") from None
         return SimulatorAccuracy.from_dict(data, where=str(path))
 
     @staticmethod
     def from_dict(data: Any, where: str = "simulator accuracy") -> SimulatorAccuracy:
         """From `to_dict`'s form (verb -> {n, exact}; `accuracy` is derived and ignored)."""
         if not isinstance(data, dict):
-            raise ValueError(f"{where}: expected an object verb -> {{n, exact}}, got {type(data).__name__}")
+            raise InputError(f"{where}: expected an object verb -> {{n, exact}}, got {type(data).__name__}")
         for verb, entry in data.items():
             ok = isinstance(entry, dict) and all(isinstance(entry.get(k), int) for k in ("n", "exact"))
             if not ok or not 0 <= entry["exact"] <= entry["n"]:
-                raise ValueError(f"{where}: entry {verb!r} is {entry!r}; a verb needs integer counts n >= exact >= 0")
+                raise InputError(f"{where}: entry {verb!r} is {entry!r}; a verb needs integer counts n >= exact >= 0")
         return SimulatorAccuracy({str(v): VerbCount(e["n"], e["exact"]) for v, e in sorted(data.items())})
 
 
