@@ -176,6 +176,59 @@ def test_train_with_bf16_weights_gives_the_same_first_loss_chunked_or_not(tmp_pa
     assert first[5] == pytest.approx(first[0], rel=1e-3)
 
 
+def test_micro_batches_with_accumulation_give_the_loss_and_gradients_of_one_batch(tmp_path) -> None:
+    """Micro-batch 1 x accumulation 4 is the optimizer step of batch 4 x 1 (the memory recipe of bench/RESULTS.md
+    "Training throughput"): the Trainer divides each micro-batch's summed loss by the labelled tokens of the whole
+    accumulated batch, so the logged losses, gradient norms and trained adapters agree. The windows have different
+    numbers of labelled tokens, so a mean of per-micro-batch means would not agree."""
+    import json
+
+    from datasets import Dataset, DatasetDict
+    from safetensors.torch import load_file
+
+    from simplan.training.config import DataArguments, LoraArguments, ModelArguments, TrainArguments
+    from simplan.training.trainer import train
+
+    weights = [0, 0, 1, 0, 1, 0, 1]
+    rows = []
+    for j in range(12):  # every window a different length and label count, so each batch mixes them
+        k, extra = j % 3, " now" * (j // 3)
+        messages = [dict(m, content=m["content"] + extra) if m["role"] == "assistant" else m for m in CONVERSATION]
+        rows.append({"messages": messages[: 3 + 2 * k], "weights": weights[: 3 + 2 * k]})
+    DatasetDict({"train": Dataset.from_list(rows)}).save_to_disk(str(tmp_path / "data"))
+    runs = {}
+    for micro, accumulation in ((4, 1), (2, 2), (1, 4)):
+        out = tmp_path / f"run-{micro}x{accumulation}"
+        train(
+            ModelArguments(model=str(tiny_model("llama"))),
+            LoraArguments(lora_r=4, lora_alpha=8, lora_dropout=0.0),
+            DataArguments(dataset=str(tmp_path / "data"), eval_split=""),
+            TrainArguments(
+                output_dir=str(out),
+                max_steps=3,
+                learning_rate=1e-2,
+                per_device_train_batch_size=micro,
+                gradient_accumulation_steps=accumulation,
+                bf16="false",
+                logging_steps=1,
+                save_steps=100,
+                report_to="none",
+                seed=0,
+            ),
+        )
+        logs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        steps = [r for r in logs if "loss" in r]
+        adapter = load_file(str(out / "adapter" / "adapter_model.safetensors"))
+        runs[micro] = ([r["loss"] for r in steps], [r["grad_norm"] for r in steps], adapter)
+    loss, norm, adapter = runs[4]
+    assert len(loss) == 3 and len(set(loss)) == 3  # three different steps, each logged
+    for micro in (2, 1):
+        assert runs[micro][0] == pytest.approx(loss, rel=1e-5)
+        assert runs[micro][1] == pytest.approx(norm, rel=1e-4)
+        for name, weight in adapter.items():
+            assert torch.allclose(runs[micro][2][name], weight, rtol=1e-4, atol=1e-6), name
+
+
 TRIM_PROBE = """
 import ctypes, json
 from pathlib import Path
