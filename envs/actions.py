@@ -11,6 +11,8 @@ evaluated, every value must be a plain JSON literal, and only the task's own too
 from __future__ import annotations
 
 import ast
+import functools
+import json
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -134,3 +136,53 @@ def _json_constant(value: Any) -> Any:
 def _clip(src: str, n: int = 80) -> str:
     """`src` quoted for an error message, cut to about n characters."""
     return repr(src) if len(src) <= n else f"{src[:n]!r}... ({len(src)} characters)"
+
+
+# ---------------------------------------------------------------------------------------------
+# A tool call checked against its tool's JSON schema (Observation.tools) before it reaches the env.
+def tool_parameters(tools: Sequence[dict[str, Any]], name: str) -> dict[str, Any] | None:
+    """The JSON schema of tool `name`'s arguments in `tools` (entries {name, parameters} or OpenAI's
+    {type: function, function: {name, parameters}}), or None when the tool is not there or declares none."""
+    for tool in tools:
+        spec = tool.get("function", tool) if isinstance(tool, dict) else None
+        if isinstance(spec, dict) and spec.get("name") == name:
+            parameters = spec.get("parameters")
+            return parameters if isinstance(parameters, dict) and parameters else None
+    return None
+
+
+@functools.lru_cache(maxsize=512)
+def _validator(schema_json: str) -> Any:
+    """A jsonschema validator of one parameters schema (by its JSON text), or None when the schema itself is not a
+    valid JSON schema (an env's own dialect): such a tool's calls go to the env unchecked rather than refused."""
+    import jsonschema
+
+    schema = json.loads(schema_json)
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft7Validator)
+    try:
+        cls.check_schema(schema)
+    except jsonschema.SchemaError:
+        return None
+    return cls(schema)
+
+
+def argument_problem(action: Action, tools: Sequence[dict[str, Any]]) -> str | None:
+    """Why `action`'s arguments do not fit its tool's schema in `tools` (the first problem jsonschema finds, with
+    where it is), or None when they fit, when the action is no tool call, or when the tool declares no schema."""
+    if action.kind != "tool_call" or not tools:
+        return None
+    schema = tool_parameters(tools, action.name)
+    if schema is None:
+        return None
+    validator = _validator(json.dumps(schema, sort_keys=True))
+    if validator is None:
+        return None
+    import jsonschema
+
+    error = jsonschema.exceptions.best_match(validator.iter_errors(action.arguments))
+    if error is None:
+        return None
+    path = list(error.absolute_path)
+    where = f"argument {path[0]}" + "".join(f"[{p!r}]" for p in path[1:]) + ": " if path else ""
+    message = error.message if len(error.message) <= 160 else error.message[:157] + "..."
+    return f"{action.name}: {where}{message}"

@@ -36,7 +36,7 @@ $PIP install -q --upgrade pip
 
 COMMON=("transformers>=5.16.1,<5.20" "peft>=0.17" "accelerate>=1.10" "datasets>=3" "gguf>=0.17"
         "textworld-express==1.1.0" "scienceworld==1.2.3" "pyyaml>=6" "tqdm>=4.66" "matplotlib>=3.8"
-        "openai>=1.40" "ruff>=0.6" "pytest>=8" "trl==1.16.0")
+        "openai>=1.40" "ruff>=0.6" "pytest>=8" "trl==1.16.0" "jsonschema>=4.18")
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   echo "setup: NVIDIA GPU found: installing CUDA vllm"
   $PIP install -q "vllm==0.33.0" "${COMMON[@]}"

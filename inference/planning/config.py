@@ -67,6 +67,13 @@ class SamplingConfig:
     fallback_action: str = field(
         default="look", metadata=_help("action text when the decider gives nothing usable and no valid list exists")
     )
+    check_arguments: bool = field(
+        default=True,
+        metadata=_help(
+            "check a tool call's arguments against its tool's JSON schema before it runs: one that does not fit "
+            "is a parse failure (resampled, never executed)"
+        ),
+    )
 
     def __post_init__(self) -> None:
         _check(

@@ -38,7 +38,7 @@ from simplan.data.format import (
     state_from_steps,
 )
 from simplan.data.outcomes import OUTCOMES
-from simplan.envs.actions import render_action
+from simplan.envs.actions import argument_problem, render_action
 from simplan.envs.base import Action, ActionParseError, action_key_of_text, env_extra
 from simplan.inference.engines.base import GenerationRequest, GenerationResult
 from simplan.inference.planning.episode_run import EpisodeRun, Queued, digest_key
@@ -395,7 +395,7 @@ class Imagination:
             for r, res in zip(alive, self._generate(ep, requests)):
                 text = res.completions[0].text if res.completions else ""
                 try:
-                    r.actions.append(self._parse(text, imagined_valid))
+                    r.actions.append(self._parse(text, imagined_valid, ep.obs.tools))
                 except ActionParseError as e:
                     self.planner._parse_failure(ep, "decider", text, str(e), "dropped")
                     r.alive = False
@@ -506,9 +506,11 @@ class Imagination:
         )
         return skey, action.key()
 
-    def _parse(self, text: str, allowed: list[str] | None) -> Action:
+    def _parse(self, text: str, allowed: list[str] | None, tools: list[dict[str, Any]] | None = None) -> Action:
         """Model text -> Action, or ActionParseError: an env parser that chokes on odd text (any ValueError,
-        TypeError, RecursionError, MemoryError) counts as a parse failure, never as an episode crash."""
+        TypeError, RecursionError, MemoryError) counts as a parse failure, never as an episode crash. A tool call
+        whose arguments do not fit its tool's JSON schema in `tools` is one too (sampling.check_arguments): it is
+        never executed."""
         try:
             action = self.planner.env.parse_action(text)
         except ActionParseError:
@@ -517,6 +519,10 @@ class Imagination:
             raise ActionParseError(f"the env's parser failed: {type(e).__name__}: {str(e)[:200]}") from None
         if allowed is not None and action.key() not in {action_key_of_text(self.planner.env, a) for a in allowed}:
             raise ActionParseError(f"{render_action(action)!r} is not among the valid actions")
+        if tools and self.planner.config.sampling.check_arguments:
+            problem = argument_problem(action, tools)
+            if problem is not None:
+                raise ActionParseError(f"arguments do not fit the tool's schema: {problem}")
         return action
 
     def _constraint(self, ep: EpisodeRun, choices: list[str] | None) -> dict[str, Any]:
