@@ -767,12 +767,19 @@ def sigint_probes(ctx: Context) -> list[Probe]:
     return probes
 
 
+def default_sigint() -> None:
+    """A job started in the background (`cmd &`) inherits SIGINT ignored, and Python then installs no handler: give
+    the child the default, as a terminal's foreground job has."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def interrupt_and_resume(ctx: Context, probe: Probe, out: Path, delay: float, signals: int, bound: float) -> Outcome:
     env = ctx.env
     with tempfile.TemporaryFile() as so, tempfile.TemporaryFile() as se:
         start = time.monotonic()
         proc = subprocess.Popen([sys.executable, "-m", "simplan.scripts.cli", *map(str, probe.argv)], stdout=so,
-                                stderr=se, cwd=ctx.root, env=env, start_new_session=True)  # fmt: skip
+                                stderr=se, cwd=ctx.root, env=env, start_new_session=True,
+                                preexec_fn=default_sigint)  # fmt: skip
         time.sleep(delay)
         sent = time.monotonic()
         os.killpg(proc.pid, signal.SIGINT)
