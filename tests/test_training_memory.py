@@ -67,7 +67,10 @@ def test_chunked_head_gives_the_loss_and_gradients_of_the_whole_head(arch: str, 
     whole, whole_grads = _loss_and_grads(model, batch, 0, bf16=False)
     chunked, chunked_grads = _loss_and_grads(model, batch, 5, bf16=False)  # 5 tokens a chunk: several chunks
     assert chunked == pytest.approx(whole, rel=1e-6)
-    assert torch.allclose(chunked_grads, whole_grads, rtol=1e-4, atol=1e-6)
+    # fp32 sums in another order: ~1e-6 apart on gradients up to ~5 (AMD and Intel kernels round differently);
+    # a wrong chunk would be off by the gradient's own size
+    scale = whole_grads.abs().max().item()
+    torch.testing.assert_close(chunked_grads, whole_grads, rtol=1e-4, atol=1e-5 * scale)
     padded = PaddingCollator(tok.pad_token_id)(feats)
     with torch.no_grad():  # the model's own full-logits loss (a mean) on the padded batch
         reference = model(**padded).loss.item() * int((padded["labels"][:, 1:] != -100).sum()) / 7
