@@ -194,7 +194,8 @@ def flatten(cls: type, mapping: dict[str, Any], source: str, prefix: str = "") -
     mappings or dotted keys; a mapping field's sub-keys stay dotted (`planner.judge.w_error`) until `build`.
     Legacy names are upgraded (LEGACY_KEYS). An unknown key is a ValueError naming `source` and the key."""
     if not isinstance(mapping, dict):
-        raise InputError(f"{source}: expected a mapping of key: value, got {type(mapping).__name__}")
+        section = f"{prefix.rstrip('.')}: " if prefix else ""  # a section given a list or a number names itself
+        raise InputError(f"{source}: {section}expected a mapping of key: value, got {type(mapping).__name__}")
     hints, names, legacy = _hints(cls), {f.name for f in _fields(cls)}, legacy_keys(cls)
     out: dict[str, Any] = {}
     for raw_key, value in mapping.items():
@@ -312,8 +313,20 @@ def from_mapping(cls: type[T], mapping: dict[str, Any] | None, source: str = "ma
     return build(cls, flatten(cls, mapping or {}, source), where)
 
 
-def load_yaml(path: str | Path) -> dict[str, Any]:
+# The folder that holds simplan's own recipes/ (a checkout, or an editable install of one)
+SHIPPED_ROOT = Path(__file__).resolve().parents[1]
+
+
+def recipe_path(path: str | Path) -> Path:
+    """`path` as given when it exists; else, for a relative path, the shipped recipe of that name (`recipes/...`
+    from simplan's own folder), so the default recipes are found from any working folder."""
     path = Path(path)
+    shipped = SHIPPED_ROOT / path
+    return shipped if not path.exists() and not path.is_absolute() and shipped.is_file() else path
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    path = recipe_path(path)
     if not path.is_file():
         raise MissingInputError(f"config file {path} does not exist" if not path.exists() else f"{path} is a folder")
     try:

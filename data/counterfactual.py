@@ -60,7 +60,7 @@ from pathlib import Path
 from typing import Any
 
 from simplan.core.config import comma_list
-from simplan.core.errors import MissingInputError
+from simplan.core.errors import MissingInputError, UsageError
 from simplan.core.io import append_jsonl, atomic_open, read_jsonl_tolerant, write_json, write_text
 from simplan.core.text import exact
 from simplan.data.collect import load_done
@@ -206,6 +206,9 @@ class Brancher:
         except Diverged as e:
             result.skip, result.problem = "diverged", f"{traj.id}: not replayable: {e}"
             return result
+        except UsageError:  # the env cannot be made as asked (--env_kwargs it does not take): no trajectory can be
+            holder.discard()
+            raise
         except Exception as e:  # noqa: BLE001 - any env failure skips the trajectory; a re-run tries it again
             holder.discard()
             result.skip, result.problem = "env_failed", f"{traj.id}: the env failed: {type(e).__name__}: {e}"

@@ -10,8 +10,9 @@ them) and prints the `simplan` command that runs it alone. Re-running reuses fin
 (OUT/.stages/STAGE.json) and resumes an interrupted one; `--force STAGE,...` re-runs stages,
 `--stages STAGE,...` runs only those (their inputs must be complete). Before each stage: `[i/N] STAGE`
 and the time left; at the end (or when a stage fails) a summary: each stage's status and seconds, the
-eval's success by arm, and the path of report.html. Exit status: 0 when every stage finished, 1 when
-one failed or a configuration is bad, 130 when interrupted.
+eval's success by arm, and the path of report.html. Exit status: 0 when every stage finished, 2 when a
+configuration is bad or a stage failed on something the user must fix (an unknown env, a missing input), 1 when
+one failed otherwise, 130 when interrupted.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def run_to_end(pipeline: Pipeline, prog: str) -> int:
         if pipeline.records:  # a bad configuration fails before any stage: nothing to summarise
             print("\n" + pipeline.summary())
         print(f"{prog}: {e}", file=sys.stderr)
-        return 1
+        return 2 if e.usage else 1
     except KeyboardInterrupt:
         print("\n" + pipeline.summary() + f"\n{prog}: interrupted; the same command resumes", file=sys.stderr)
         return 130

@@ -7,7 +7,8 @@ Every finished episode becomes a trajectory: all its real transitions are simula
 won (and recovered) episodes decider targets, mistakes masked context (`simplan.workflows.harvest`
 describes which step counts as what). Episodes are replayed in their env to record valid actions and
 tools. Prints what was written: episodes, transitions, decider targets, masked steps, skips. Exit
-status: 0 when a file was written, 1 when no episode could be converted, 2 for a missing run folder.
+status: 0 when every line was read and a file written, 1 when a line could not be read (the good episodes are
+still written) or no episode could be converted, 2 for a missing or empty run folder.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ def main(argv: list[str] | None = None) -> int:
     print(report.summary())
     if not report.written:
         print("simplan traces: no episode could be converted; see the skipped counts above", file=sys.stderr)
+        return 1
+    if report.bad_lines:  # the good episodes were written; as validate, import and build, say it was not all
+        print(f"simplan traces: {report.bad_lines} line(s) could not be read; see the ! lines above", file=sys.stderr)
         return 1
     return 0
 

@@ -69,7 +69,7 @@ def test_missing_output_or_unselected_incomplete_stage(tmp_path, fake_stages, ca
     assert main(["--out", str(out), "--stages", "collect-train,collect-dev"]) == 0
     assert fake_stages == ["collect-train", "collect-dev"]
     # eval selected, but the stages before it never ran: refused with the command to run
-    assert main(["--out", str(out), "--stages", "eval"]) == 1
+    assert main(["--out", str(out), "--stages", "eval"]) == 2  # the user must run the earlier stages first
     assert "not complete" in capsys.readouterr().err
     (out / "collect-dev.out").unlink()  # an output deleted by hand: the stage is not complete any more
     fake_stages.clear()
@@ -214,7 +214,7 @@ def test_stage_configs_come_from_the_recipes(tmp_path, monkeypatch, capsys) -> N
     assert pipeline.stage("train-decider").config["TrainArguments"]["learning_rate"] == 1e-4
 
     # a typo in any stage's keys fails before the first stage runs
-    assert main(argv + ["--train", "{max_stepz: 3}"]) == 1
+    assert main(argv + ["--train", "{max_stepz: 3}"]) == 2
     captured = capsys.readouterr()
     assert "train-decider: pipeline keys train/train_decider: unknown key 'max_stepz'" in captured.err
     assert "pipeline summary" not in captured.out  # nothing ran, nothing to summarise
@@ -276,7 +276,7 @@ def test_collect_eval_and_report_stages_call_the_library(tmp_path, capsys) -> No
 
 def test_a_stage_error_the_user_can_fix_is_one_line_with_the_command(tmp_path, capsys) -> None:
     argv = ["--out", str(tmp_path / "p"), "--env", "no_such_env", "--stages", "collect-train"]
-    assert main(argv + ["--collect", "{progress: false}"]) == 1
+    assert main(argv + ["--collect", "{progress: false}"]) == 2  # a usage error inside a stage: status 2
     captured = capsys.readouterr()
     assert "[1/1] collect-train failed: " in captured.err and "no_such_env" in captured.err
     assert "Traceback" not in captured.err and "run the stage alone: simplan collect --env no_such_env" in captured.err

@@ -22,7 +22,7 @@ from types import SimpleNamespace
 import pytest
 
 from simplan.core import io
-from simplan.core.config import load_configs
+from simplan.core.config import load_configs, load_yaml
 from simplan.scripts import cli
 
 
@@ -53,6 +53,16 @@ def test_a_missing_config_file_is_named(tmp_path, capsys):
         rc, err = simplan(capsys, command, "--config", tmp_path / "missing.yaml")
         assert rc == 2 and f"config file {tmp_path / 'missing.yaml'} does not exist" in err, (command, err)
         assert len(err.strip().splitlines()) == 2  # the error and where the options are listed, not 60 flags
+
+
+def test_the_shipped_recipes_are_found_from_any_working_folder(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the pipeline's default train recipes are recipes/... paths
+    rc, err = simplan(capsys, "pipeline", "--env", "nosuch", "--out", tmp_path / "p")
+    assert rc == 2 and "unknown environment 'nosuch'" in err and "config file" not in err, err
+    own = tmp_path / "recipes" / "smollm2-135m-instruct" / "twx"
+    own.mkdir(parents=True)
+    (own / "decider.yaml").write_text("learning_rate: 0.5\n")  # a recipe of the working folder wins
+    assert load_yaml("recipes/smollm2-135m-instruct/twx/decider.yaml") == {"learning_rate": 0.5}
 
 
 def test_a_recipe_that_is_not_yaml_or_not_a_mapping(tmp_path, capsys):
@@ -214,6 +224,74 @@ def test_bad_records_are_named_at_their_line(tmp_path, capsys, trajectories):
         rc, err = simplan(capsys, "validate", path)
         assert rc == 1 and f"{path}:2: {words}" in err, (name, err)
         assert "at at" not in err
+
+
+@pytest.fixture
+def eval_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Path:
+    """A finished toy eval run folder (one reactive episode per task, random engine)."""
+    out = tmp_path / "ev"
+    flags = ["--suite", "toy-dev", "--engine", "random", "--arms", "reactive", "--episodes", "1"]
+    assert simplan(capsys, "eval", *flags, "--out", out)[0] == 0
+    return out
+
+
+def test_traces_with_a_bad_line_writes_the_good_episodes_and_says_so(tmp_path, capsys, eval_run):
+    traces = eval_run / "traces.jsonl"
+    with traces.open("a") as f:
+        f.write("[" * 20_000 + "\n")
+    out = tmp_path / "harvested.jsonl"
+    rc, err = simplan(capsys, "traces", "--runs", eval_run, "--out", out)
+    assert rc == 1 and "1 line(s) could not be read" in err, err
+    assert out.exists() and len(out.read_text().splitlines()) >= 1  # every good episode written
+
+
+def test_traces_on_a_file_that_holds_no_trace_events(tmp_path, capsys, eval_run, trajectories):
+    traces = eval_run / "traces.jsonl"
+    traces.write_text(trajectories.read_text())  # trajectories where trace events belong
+    rc, err = simplan(capsys, "traces", "--runs", eval_run, "--out", tmp_path / "h.jsonl")
+    assert rc == 2 and f"{traces}: not a trace file of `simplan eval`" in err, err
+    traces.write_text("")
+    rc, err = simplan(capsys, "traces", "--runs", eval_run, "--out", tmp_path / "h.jsonl")
+    assert rc == 2 and f"{traces}: empty (no line to read)" in err, err
+
+
+@pytest.mark.parametrize(
+    "adapters, words",
+    [
+        ("decider", "adapter(s) decider need a folder: give name=DIR"),
+        ("decider=missing-folder", "adapters: decider=missing-folder: no such folder"),
+        ("decider={tmp}", "holds no adapter_config.json; give the adapter folder `simplan train` wrote"),
+    ],
+)
+def test_an_adapter_that_is_no_adapter_folder_is_named_before_the_model_loads(adapters, words, tmp_path, capsys):
+    engine = ["--engine", "hf", "--model", tmp_path / "no-such-model", "--merge-adapters", "false"]
+    rc, err = simplan(
+        capsys,
+        "eval",
+        "--suite",
+        "toy-dev",
+        *engine,
+        "--adapters",
+        adapters.format(tmp=tmp_path),
+        "--out",
+        tmp_path / "e",
+    )
+    assert rc == 2 and words in err and "failed:" not in err, err
+
+
+def test_a_planner_section_that_is_not_a_mapping_names_the_section(tmp_path, capsys):
+    rc, err = simplan(
+        capsys, "eval", "--suite", "toy-dev", "--engine", "random", "--planner", "{budgets: [1]}", "--out", tmp_path
+    )
+    assert rc == 2 and "planner: budgets: expected a mapping of key: value, got list" in err, err
+
+
+def test_env_kwargs_the_env_does_not_take_stop_counterfactuals_with_a_message(tmp_path, capsys, trajectories):
+    out = tmp_path / "cf.jsonl"
+    rc, err = simplan(
+        capsys, "counterfactuals", "--inputs", trajectories, "--env_kwargs", "{no_such: 1}", "--out", out
+    )
+    assert rc == 2 and "cannot be made with no_such" in err and not out.exists(), err
 
 
 # ------------------------------------------------------------------------------------------ the boundary

@@ -49,8 +49,8 @@ from pathlib import Path
 from typing import Any
 
 from simplan.core.config import comma_list
-from simplan.core.errors import MissingInputError
-from simplan.core.io import read_jsonl_tolerant, write_jsonl
+from simplan.core.errors import EmptyInputError, MissingInputError
+from simplan.core.io import has_lines, read_jsonl_tolerant, write_jsonl
 from simplan.core.text import exact
 from simplan.data.recorder import EpisodeSpec, Recorder
 from simplan.data.trajectory import Trajectory
@@ -111,6 +111,7 @@ class TracesReport:
     transitions: int = 0  # every written step: simulator rows
     folds: Counter = field(default_factory=Counter)
     problems: list[str] = field(default_factory=list)  # unreadable lines, first episodes of each skip reason
+    bad_lines: int = 0  # lines of the trace files that could not be read (named in `problems`)
 
     @property
     def masked(self) -> int:
@@ -273,7 +274,11 @@ def episodes(cfg: TracesConfig, report: TracesReport) -> Iterator[tuple[Path, Ep
     """The finished episodes of the selected arms, run file by run file; the rest are counted as skipped."""
     for run in cfg.runs:
         path = trace_file(run)
-        report.problems += read_jsonl_tolerant(path)[1]
+        if not has_lines(path):
+            raise EmptyInputError(f"{path}: empty (no line to read); give an eval run folder (simplan eval --out)")
+        bad = read_jsonl_tolerant(path)[1]
+        report.bad_lines += len(bad)
+        report.problems += bad
         for trace in read_traces(path):
             if cfg.arms is not None and trace.arm not in cfg.arms:
                 continue

@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from simplan.core.config import load_configs
+from simplan.core.errors import UsageError
 from simplan.core.io import write_json
 from simplan.core.memory import peak_reset, rss_mb
 from simplan.data.build import BuildConfig
@@ -424,7 +425,7 @@ class Pipeline:
             try:
                 st = self.stage(name)
             except ValueError as e:
-                raise StageFailed(f"{name}: {e}") from None
+                raise StageFailed(f"{name}: {e}", usage=True) from None
             self.hashes[name] = self._digest(st)
             if name in chosen and (name in self.cfg.force or not self.complete(st, self.hashes[name])):
                 runs.append(name)
@@ -446,18 +447,18 @@ class Pipeline:
             try:
                 st = self.stage(name)
             except ValueError as e:
-                raise StageFailed(f"{banner}: {e}") from None
+                raise StageFailed(f"{banner}: {e}", usage=True) from None
             digest = self.hashes[name] = self._digest(st)
             done = self.complete(st, digest)
             if name == "model" and (done or name not in chosen) and name not in cfg.force:
                 try:  # cheap once converted; later stages' configurations need the folder
                     self.model_path = resolve_base_model(cfg.model, fetch=name in chosen)
                 except FileNotFoundError as e:
-                    raise StageFailed(f"{banner}: {e}") from None
+                    raise StageFailed(f"{banner}: {e}", usage=True) from None
             if name not in chosen:
                 if not done:
                     raise StageFailed(
-                        f"{banner}: not complete and not selected by --stages; run it first: {st.command}"
+                        f"{banner}: not complete and not selected by --stages; run it first: {st.command}", usage=True
                     )
                 print(f"{banner}: complete (not selected)", flush=True)
                 self.records.append(StageRecord(name, "not selected", clock.earlier.get(name)))
@@ -494,7 +495,8 @@ class Pipeline:
             result = st.run() or ""
         except (StageFailed, *USER_ERRORS) as e:
             self.records.append(StageRecord(st.name, "failed", time.perf_counter() - t0, type(e).__name__))
-            raise StageFailed(f"{banner} failed: {e}\n{again}") from None
+            usage = isinstance(e, UsageError) or getattr(e, "usage", False)
+            raise StageFailed(f"{banner} failed: {e}\n{again}", usage=usage) from None
         except BaseException as e:
             status = "interrupted" if isinstance(e, KeyboardInterrupt) else "failed"
             self.records.append(StageRecord(st.name, status, time.perf_counter() - t0, type(e).__name__))

@@ -36,7 +36,11 @@ TRAIN_CONFIGS = (ModelArguments, LoraArguments, DataArguments, TrainArguments)  
 
 
 class StageFailed(RuntimeError):
-    pass
+    """A stage did not finish; `usage` when the cause is the user's to fix (a UsageError: exit status 2)."""
+
+    def __init__(self, message: str, usage: bool = False) -> None:
+        super().__init__(message)
+        self.usage = usage
 
 
 # ---------------------------------------------------------------------------------------------

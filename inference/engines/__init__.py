@@ -18,6 +18,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from simplan.core.errors import InputError
 from simplan.inference.engines.base import Engine
 from simplan.inference.engines.config import (
     BACKEND_OPTIONS,
@@ -25,6 +26,7 @@ from simplan.inference.engines.config import (
     LOCAL_OPTIONS,
     MODEL_FREE_KINDS,
     EngineConfig,
+    check_adapter_folders,
     parse_adapters,
     resolve_merge,
 )
@@ -55,7 +57,9 @@ def make_engine(
     named = parse_adapters(adapters)
     missing = [name for name, path in named.items() if not path]
     if missing and kind != "openai":
-        raise ValueError(f"engine {kind!r}: adapter(s) {', '.join(missing)} need a folder: give name=DIR")
+        raise InputError(f"engine {kind!r}: adapter(s) {', '.join(missing)} need a folder: give name=DIR")
+    if kind != "openai":
+        check_adapter_folders(named)
     if opts.pop("merge_adapters", False) and named:
         from simplan.inference.engines.merged import MergedEngine
 

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from simplan.core.errors import InputError, MissingInputError
+
 KINDS = ("vllm", "openai", "hf", "expert", "random")
 # Kinds without a model (inference/engines/model_free.py): the env's expert plan replayed, or random valid actions.
 MODEL_FREE_KINDS = ("expert", "random")
@@ -277,18 +279,36 @@ def parse_adapters(spec: str | dict[str, str] | list[str] | tuple[str, ...] | No
     for item in spec.split(","):
         name, sep, path = item.strip().partition("=")
         if not name or (sep and not path):
-            raise ValueError(f"adapters: {item!r} is not name=DIR (expected e.g. decider=runs/decider/adapter)")
+            raise InputError(f"adapters: {item!r} is not name=DIR (expected e.g. decider=runs/decider/adapter)")
         if name in out:
-            raise ValueError(f"adapters: name {name!r} given twice")
+            raise InputError(f"adapters: name {name!r} given twice")
         out[name] = path
     return out
+
+
+def check_adapter_folders(named: dict[str, str]) -> None:
+    """An adapter given as a local path must be a peft folder: a path that does not exist, or a folder without
+    adapter_config.json, is the user's to fix. A hub id (`org/name`, no such local path) is left to peft."""
+    for name, path in named.items():
+        local = Path(path).expanduser()
+        looks_local = path.startswith(("/", ".", "~")) or path.count("/") != 1
+        if not local.exists() and looks_local:
+            raise MissingInputError(
+                f"adapters: {name}={path}: no such folder; give the adapter folder `simplan train` wrote "
+                "(OUTPUT_DIR/adapter)"
+            )
+        if local.is_dir() and not (local / "adapter_config.json").is_file():
+            raise InputError(
+                f"adapters: {name}={path} holds no adapter_config.json; give the adapter folder `simplan train` "
+                "wrote (OUTPUT_DIR/adapter), not the run folder above it"
+            )
 
 
 def adapter_rank(path: str | os.PathLike) -> int:
     """LoRA rank `r` from a peft adapter folder's adapter_config.json."""
     cfg = Path(path) / "adapter_config.json"
     if not cfg.exists():
-        raise FileNotFoundError(f"adapter {path}: no adapter_config.json; expected a peft save_pretrained folder")
+        raise MissingInputError(f"adapter {path}: no adapter_config.json; expected a peft save_pretrained folder")
     return int(json.loads(cfg.read_text())["r"])
 
 

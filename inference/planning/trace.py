@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from simplan.core.errors import InputError
 from simplan.core.io import append_jsonl, read_jsonl_tolerant, write_jsonl
 from simplan.core.text import exact, normalize
 from simplan.data.format import VERDICTS, episode_verdict
@@ -188,6 +189,10 @@ def read_traces(path: str | os.PathLike, strict: bool = False) -> list[EpisodeTr
         return [EpisodeTrace.from_dicts(run) for run in kept]
     except TraceVersionError as e:
         raise TraceVersionError(f"{path}: {e}") from None
+    except (ValueError, TypeError) as e:  # JSON objects that are no trace events (a trajectory file, say)
+        raise InputError(
+            f"{path}: not a trace file of `simplan eval` ({e}); give an eval run folder or its traces.jsonl"
+        ) from None
 
 
 def episode_runs(records: Iterable[dict[str, Any]]) -> tuple[list[list[dict[str, Any]]], list[list[dict[str, Any]]]]:
