@@ -99,19 +99,25 @@ def load_trajectories(files: list[Path], include_errored: bool = False, max_char
 
 
 def cap_trajectory(traj: Trajectory, max_chars: int) -> int:
-    """Cut every observation and action text of `traj` to `max_chars` in place; how many steps were cut."""
+    """Cut every goal, observation and action text of `traj` to `max_chars` in place; how many steps (the start
+    counted as one) were cut. An imported transcript's opening request is its goal, and a goal is in every prompt."""
     if not max_chars:
         return 0
     capped = 0
-    if len(traj.initial_observation) > max_chars:
+    if max(len(traj.initial_observation), len(traj.goal)) > max_chars:
         traj.initial_observation = cap_text(traj.initial_observation, max_chars)
+        traj.goal = cap_text(traj.goal, max_chars)
         capped += 1
     for step in traj.steps:
+        goal = step.info.get("goal")
         texts = [step.observation, step.next_observation, step.action.text or ""]
         texts += [a.next_observation for a in step.alternatives]
+        texts += [goal] if isinstance(goal, str) else []
         if max(map(len, texts)) <= max_chars:
             continue
         capped += 1
+        if isinstance(goal, str):
+            step.info["goal"] = cap_text(goal, max_chars)
         step.observation = cap_text(step.observation, max_chars)
         step.next_observation = cap_text(step.next_observation, max_chars)
         if step.action.text:

@@ -188,8 +188,9 @@ def test_an_observation_over_the_env_cap_is_cut_and_counted(tmp_path):
     )
     report = import_file(src, ImportConfig(format="openai"))
     assert report.capped_steps == 2  # the opening observation and the first step's
-    obs = json.loads(Path(report.out).read_text())["steps"][0]["observation"]
-    assert len(obs) < DEFAULT_MAX_OBSERVATION_CHARS + 200 and "more characters cut" in obs
+    traj = json.loads(Path(report.out).read_text())
+    for text in (traj["steps"][0]["observation"], traj["goal"]):  # the opening request is the goal too
+        assert len(text) < DEFAULT_MAX_OBSERVATION_CHARS + 200 and "more characters cut" in text
 
 
 def test_the_command_exits_1_on_a_bad_line_and_0_when_all_convert(tmp_path, capsys):
