@@ -25,7 +25,7 @@ import shutil
 import stat
 import sys
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -268,29 +268,50 @@ def _deeper_than(value: Any, limit: int, text: str) -> bool:
     return False
 
 
-def read_jsonl_tolerant(path: str | os.PathLike) -> tuple[list[dict[str, Any]], list[str]]:
+class LineProblem(str):
+    """A 'FILE:LINE: why' of `read_jsonl_tolerant`; `torn` when it is the unfinished last line a stopped writer
+    leaves (no newline after it), which readers of their own logs expect, unlike a bad line among good ones."""
+
+    torn: bool = False
+
+    @classmethod
+    def at(cls, where: str, why: str, torn: bool = False) -> LineProblem:
+        problem = cls(f"{where}: {why}")
+        problem.torn = torn
+        return problem
+
+
+def read_jsonl_tolerant(
+    path: str | os.PathLike, check: Callable[[dict[str, Any]], str | None] | None = None
+) -> tuple[list[dict[str, Any]], list[LineProblem]]:
     """Read a JSONL log written by `append_jsonl`: returns (records, problems as 'FILE:LINE: why').
 
     A crashed writer can leave one torn last line, and a damaged file a line of bad bytes or of
     something other than a JSON object: each is reported and skipped, the other lines still read.
+    `check(record)` may name why a JSON object is not a record of this log (a trajectory among trace
+    events): it is reported and skipped as well.
     """
-    records, problems = [], []
+    records: list[dict[str, Any]] = []
+    problems: list[LineProblem] = []
     if not Path(path).exists():
         return records, problems
     for line in iter_jsonl_lines(path):
         where = f"{path}:{line.lineno}"
         if line.text is None:
-            problems.append(f"{where}: {line.problem}")
+            problems.append(LineProblem.at(where, str(line.problem)))
             continue
         try:
             record = parse_json(line.text)
         except JsonProblem as e:
-            problems.append(f"{where}: {e}")
+            problems.append(LineProblem.at(where, str(e), torn=not line.raw.endswith(b"\n")))
             continue
-        if isinstance(record, dict):
-            records.append(record)
+        why = (check(record) if check else None) if isinstance(record, dict) else None
+        if not isinstance(record, dict):
+            problems.append(LineProblem.at(where, f"expected a JSON object, got {type(record).__name__}"))
+        elif why:
+            problems.append(LineProblem.at(where, why))
         else:
-            problems.append(f"{where}: expected a JSON object, got {type(record).__name__}")
+            records.append(record)
     return records, problems
 
 

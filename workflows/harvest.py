@@ -50,7 +50,7 @@ from typing import Any
 
 from simplan.core.config import comma_list
 from simplan.core.errors import EmptyInputError, MissingInputError
-from simplan.core.io import has_lines, read_jsonl_tolerant, write_jsonl
+from simplan.core.io import has_lines, write_jsonl
 from simplan.core.text import exact
 from simplan.data.recorder import EpisodeSpec, Recorder
 from simplan.data.trajectory import Trajectory
@@ -58,7 +58,7 @@ from simplan.envs.base import Action, ActionParseError, Env, Task
 from simplan.envs.registry import make_env
 from simplan.evaluation.losses import classify_loss
 from simplan.inference.planning.oracle import NOT_EXECUTED_FAULTS
-from simplan.inference.planning.trace import ActEvent, EpisodeTrace, read_traces, redundant_steps
+from simplan.inference.planning.trace import ActEvent, EpisodeTrace, read_trace_records, read_traces, redundant_steps
 
 TRACES = "traces.jsonl"
 EVAL_CONFIG = "eval_config.json"
@@ -276,9 +276,9 @@ def episodes(cfg: TracesConfig, report: TracesReport) -> Iterator[tuple[Path, Ep
         path = trace_file(run)
         if not has_lines(path):
             raise EmptyInputError(f"{path}: empty (no line to read); give an eval run folder (simplan eval --out)")
-        bad = read_jsonl_tolerant(path)[1]
-        report.bad_lines += len(bad)
-        report.problems += bad
+        problems = read_trace_records(path)[1]
+        report.bad_lines += sum(not p.torn for p in problems)  # a torn last line is what a stopped eval leaves
+        report.problems += problems
         for trace in read_traces(path):
             if cfg.arms is not None and trace.arm not in cfg.arms:
                 continue

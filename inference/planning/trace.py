@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from simplan.core.errors import InputError
-from simplan.core.io import append_jsonl, read_jsonl_tolerant, write_jsonl
+from simplan.core.io import LineProblem, append_jsonl, read_jsonl_tolerant, write_jsonl
 from simplan.core.text import exact, normalize
 from simplan.data.format import VERDICTS, episode_verdict
 from simplan.inference.planning.trace_events import (
@@ -167,14 +167,35 @@ def write_traces(path: str | os.PathLike, traces: Iterable[EpisodeTrace]) -> int
     return write_jsonl(path, (d for t in traces for d in t.to_dicts()))
 
 
+def trace_line_problem(record: dict[str, Any]) -> str | None:
+    """Why a JSON object read from a trace file is not a trace event (a trajectory line, say), or None."""
+    kind = record.get("type")
+    if kind not in EVENT_TYPES:
+        return f"not a trace event (type {kind!r}; trace events are {', '.join(EVENT_TYPES)})"
+    return None
+
+
+def read_trace_records(path: str | os.PathLike) -> tuple[list[dict[str, Any]], list[LineProblem]]:
+    """The trace events of a trace file as JSON objects, and 'FILE:LINE: why' of every line that is not one (a
+    torn last line, bad bytes, a record of another kind). A file with lines but no trace event at all is not a
+    trace file: InputError naming it."""
+    records, problems = read_jsonl_tolerant(path, check=trace_line_problem)
+    if not records and any(not p.torn for p in problems):
+        raise InputError(
+            f"{path}: not a trace file of `simplan eval` (first problem: {problems[0]}); give an eval run folder or "
+            "its traces.jsonl"
+        )
+    return records, problems
+
+
 def read_traces(path: str | os.PathLike, strict: bool = False) -> list[EpisodeTrace]:
     """Read a trace file: one run per episode (`episode_runs`), in order of the episodes' first lines.
 
-    A torn last line (crashed writer) is skipped; with `strict=True` it raises instead. Runs left
-    out (a second finished run of an episode, an unfinished one superseded) are reported with a
-    warning, never merged into the run that is read.
+    A torn last line (crashed writer) and lines that are no trace events are skipped (`read_trace_records`);
+    with `strict=True` they raise instead. Runs left out (a second finished run of an episode, an unfinished
+    one superseded) are reported with a warning, never merged into the run that is read.
     """
-    records, problems = read_jsonl_tolerant(path)
+    records, problems = read_trace_records(path)
     if problems and strict:
         raise ValueError("; ".join(problems))
     kept, left_out = episode_runs(records)
@@ -189,10 +210,6 @@ def read_traces(path: str | os.PathLike, strict: bool = False) -> list[EpisodeTr
         return [EpisodeTrace.from_dicts(run) for run in kept]
     except TraceVersionError as e:
         raise TraceVersionError(f"{path}: {e}") from None
-    except (ValueError, TypeError) as e:  # JSON objects that are no trace events (a trajectory file, say)
-        raise InputError(
-            f"{path}: not a trace file of `simplan eval` ({e}); give an eval run folder or its traces.jsonl"
-        ) from None
 
 
 def episode_runs(records: Iterable[dict[str, Any]]) -> tuple[list[list[dict[str, Any]]], list[list[dict[str, Any]]]]:
