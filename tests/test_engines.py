@@ -257,6 +257,7 @@ def test_vllm_constraints_and_sampling(vllm_engine):
 def test_serve_openai_backend_matches_hf(tiny, hf, tmp_path):
     if not HAS_VLLM:
         pytest.skip("vllm is not installed")
+    from simplan.inference.engines.config import VLLMOptions
     from simplan.inference.serving.server import ServeConfig, start_server
 
     base, adapters = tiny
@@ -266,10 +267,8 @@ def test_serve_openai_backend_matches_hf(tiny, hf, tmp_path):
         port=_free_port(),
         api_key="test-key",
         dtype="float32",
-        kv_cache_gib=1,
         threads=2,
-        enforce_eager=True,
-        max_model_len=1024,
+        vllm=VLLMOptions(kv_cache_gib=1, enforce_eager=True, max_model_len=1024),
         startup_timeout=300,
     )
     with start_server(cfg, log_file=tmp_path / "server.log") as server:
