@@ -16,8 +16,10 @@ import os
 
 import pytest
 
+from simplan.core.errors import InputError
 from simplan.inference.engines import make_engine
-from simplan.inference.engines.base import Engine, GenerationRequest, ScoreRequest
+from simplan.inference.engines.base import EmbedRequest, Engine, GenerationRequest, ScoreRequest, cosine
+from simplan.inference.engines.scripted import ScriptedEngine
 from simplan.inference.planning.config import SamplingConfig
 from simplan.inference.planning.router import BudgetConfig
 
@@ -360,7 +362,7 @@ def test_serve_command_has_lora_workaround(tiny):
 
 
 # ------------------------------------------------------------------------- whole episodes per backend
-def _episode(engine, arm: str = "simplan"):
+def _episode(engine, arm: str = "simplan", **overrides):
     """One toy episode through the planning loop on `engine`; returns (real actions, trace summary)."""
     from simplan.envs.registry import make_env
     from simplan.inference.planning.planner import Planner, PlannerConfig
@@ -374,12 +376,33 @@ def _episode(engine, arm: str = "simplan"):
             horizon=1,
             budgets=BudgetConfig(max_steps=6, max_replans=3),
             sampling=SamplingConfig(simulator_max_tokens=8),
+            **overrides,
         )
         result = Planner(engine, env, config).run(task, episode_id=f"backend-check/{arm}")
+        if overrides:
+            return result.trace
     finally:
         env.close()
     actions = [e.action for e in result.trace.of_type("act")]
     return actions, result.summary
+
+
+def test_the_mismatch_pivot_by_embedding_reads_the_engines_embeddings(hf):
+    from simplan.inference.planning.pivots import PivotConfig
+
+    trace = _episode(hf, pivot_rules=PivotConfig(similarity="embedding", mismatch_threshold=0.999))
+    mismatches = [e for e in trace.of_type("pivot") if e.rule == "expectation_mismatch"]
+    assert mismatches and all(e.evidence["method"] == "embedding" for e in mismatches)
+    for e in mismatches:  # the similarity the rule used is the engine's cosine of the two texts
+        a, b = (
+            r.vector for r in hf.embed([EmbedRequest(e.evidence["expected"]), EmbedRequest(e.evidence["observed"])])
+        )
+        assert e.evidence["similarity"] == pytest.approx(max(0.0, cosine(a, b)), abs=1e-4)
+    with pytest.raises(InputError, match="embedding_adapter: the engine has no adapter 'nope'"):
+        _episode(hf, pivot_rules=PivotConfig(similarity="embedding", embedding_adapter="nope"))
+    scripted = ScriptedEngine(lambda req: "look", lambda req: "You look.")
+    with pytest.raises(InputError, match="embedding needs an engine that embeds texts"):
+        _episode(scripted, pivot_rules=PivotConfig(similarity="embedding"))
 
 
 def test_episode_runs_through_hf_backend(hf):

@@ -123,6 +123,32 @@ class ScoreResult:
     cached_tokens: int = 0  # of prompt_tokens, those reused from an earlier call (not prefilled again)
 
 
+@dataclass
+class EmbedRequest:
+    """One text to embed: the mean of the model's last hidden states over the text's tokens, L2-normalised (an
+    embedding from the model already loaded: nothing to download). `adapter` None: the base model."""
+
+    text: str
+    adapter: str | None = None
+    tag: str = "embed"
+
+
+@dataclass
+class EmbedResult:
+    vector: list[float]  # unit length (all zeros for a text of no tokens)
+    prompt_tokens: int
+    seconds: float
+    cached_tokens: int = 0  # (none: accounted like the other results)
+
+
+def cosine(a: list[float], b: list[float]) -> float:
+    """Cosine similarity of two vectors; 0.0 when either is all zeros."""
+    na, nb = math.sqrt(sum(x * x for x in a)), math.sqrt(sum(y * y for y in b))
+    if not na or not nb:
+        return 0.0
+    return sum(x * y for x, y in zip(a, b)) / (na * nb)
+
+
 def softmax(logprobs: list[float]) -> list[float]:
     """A score result's logprobs as probabilities of a choice among its candidates; uniform when all are -inf
     (nothing to prefer), [] for none."""
@@ -191,6 +217,15 @@ class SessionEngine(Protocol):
 
 
 @runtime_checkable
+class EmbeddingEngine(Protocol):
+    """The optional hook of a backend that embeds texts (hf; the merged engine through its sub-engines): the
+    expectation-mismatch pivot's `embedding` similarity uses it. `MeteredEngine.embed` says which backend lacks
+    it (NotImplementedError)."""
+
+    def embed(self, requests: list[EmbedRequest]) -> list[EmbedResult]: ...
+
+
+@runtime_checkable
 class EnvBoundEngine(Protocol):
     """The optional hook of an engine that decides from the env itself, with no model (the expert and random
     engines, inference/engines/model_free.py): `bind(env)` returns the engine and the env one episode uses (the
@@ -226,12 +261,22 @@ def sanitize_text(text: str, max_chars: int = DEFAULT_MAX_TEXT_CHARS) -> str:
     return text.replace("\x00", "")[:max_chars]
 
 
-def backend_name(engine: Any) -> str:
-    """The class name of the backend under any wrappers (MeteredEngine, BatchingEngine), for error messages."""
+def backend(engine: Any) -> Any:
+    """The backend under any wrappers (MeteredEngine, BatchingEngine)."""
     seen = 0
     while seen < 8 and (inner := getattr(engine, "engine", None) or getattr(engine, "inner", None)) is not None:
         engine, seen = inner, seen + 1
-    return type(engine).__name__
+    return engine
+
+
+def backend_name(engine: Any) -> str:
+    """The class name of the backend under any wrappers, for error messages."""
+    return type(backend(engine)).__name__
+
+
+def can_embed(engine: Any) -> bool:
+    """Whether the backend under any wrappers implements the optional EmbeddingEngine hook."""
+    return isinstance(backend(engine), EmbeddingEngine)
 
 
 def _broken(engine: Any, tag: str, what: str) -> EngineContractError:
@@ -352,6 +397,19 @@ class MeteredEngine:
         self.prompt_tokens += sum(r.prompt_tokens for r in results) + candidates
         self.cached_tokens += sum(r.cached_tokens for r in results)
         self.candidate_tokens += candidates
+        return results
+
+    def embed(self, requests: list[EmbedRequest]) -> list[EmbedResult]:
+        """Embed texts (the optional EmbeddingEngine hook); NotImplementedError naming a backend without it."""
+        if not callable(getattr(self.engine, "embed", None)):
+            raise NotImplementedError(f"engine {backend_name(self.engine)}: cannot embed texts (hf can)")
+        t0 = time.perf_counter()
+        results = self.engine.embed(requests)
+        self.seconds += time.perf_counter() - t0
+        self.calls += 1
+        if len(results) != len(requests):
+            raise _broken(self.engine, "embed", f"{len(results)} results for {len(requests)} requests")
+        self.prompt_tokens += sum(r.prompt_tokens for r in results)
         return results
 
     def _in_session(self, requests: list[Any]) -> list[Any]:

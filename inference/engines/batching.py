@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from simplan.inference.engines.base import (
+    EmbedRequest,
+    EmbedResult,
     Engine,
     EngineUsage,
     GenerationRequest,
@@ -121,6 +123,11 @@ class BatchingEngine:
     def score(self, requests: list[ScoreRequest]) -> list[ScoreResult]:
         return self._submit("score", requests)
 
+    def embed(self, requests: list[EmbedRequest]) -> list[EmbedResult]:
+        if not callable(getattr(self.inner, "embed", None)):
+            raise NotImplementedError(f"engine {type(self.inner).__name__}: cannot embed texts (hf can)")
+        return self._submit("embed", requests)
+
     def _submit(self, kind: str, requests: list[Any]) -> list[Any]:
         if not requests:
             return []
@@ -167,13 +174,13 @@ class BatchingEngine:
             self._run(jobs)
 
     def _run(self, jobs: list[_Job]) -> None:
-        for kind in ("score", "generate"):
+        for kind in ("score", "embed", "generate"):
             group = [j for j in jobs if j.kind == kind]
             if group:
                 self._run_group(kind, group)
 
     def _call(self, kind: str, requests: list[Any]) -> list[Any]:
-        fn = self.inner.score if kind == "score" else self.inner.generate
+        fn = getattr(self.inner, kind)
         self.stats.underlying_calls += 1
         results = fn(requests)
         if len(results) != len(requests):

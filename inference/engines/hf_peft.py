@@ -51,6 +51,8 @@ from typing import Any
 
 from simplan.inference.engines.base import (
     Completion,
+    EmbedRequest,
+    EmbedResult,
     EngineUsage,
     GenerationRequest,
     GenerationResult,
@@ -61,6 +63,7 @@ from simplan.inference.engines.common import (
     ScoreRow,
     account,
     check_adapter,
+    encode,
     prompt_ids,
     score_results,
     score_rows,
@@ -493,6 +496,42 @@ class HFPeftEngine:
             n = len(r.ids) - r.start
             out.append(float(picked[i, tail - n :].sum()))
         return out
+
+    # ------------------------------------------------------------------ embed
+    def embed(self, requests: list[EmbedRequest]) -> list[EmbedResult]:
+        """Each text's mean last hidden state over its tokens (no chat template), L2-normalised; batches of
+        `batch_size`, per adapter (None: the base model)."""
+        torch = self.torch
+        for r in requests:
+            check_adapter(r.adapter, self.adapters, BACKEND)
+        results: list[EmbedResult | None] = [None] * len(requests)
+        with timer() as t:
+            order = sorted(range(len(requests)), key=lambda i: (str(requests[i].adapter), len(requests[i].text)))
+            for start in range(0, len(order), self.batch_size):
+                idx = order[start : start + self.batch_size]
+                groups: dict[str | None, list[int]] = {}
+                for i in idx:
+                    groups.setdefault(requests[i].adapter, []).append(i)
+                for adapter, members in groups.items():
+                    encoded = [encode(self.tokenizer, requests[i].text) for i in members]
+                    rows = [e or [self.pad_id] for e in encoded]
+                    width = max(map(len, rows))
+                    ids = torch.tensor([r + [self.pad_id] * (width - len(r)) for r in rows], device=self.device)
+                    mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows], device=self.device)
+                    with self._use(adapter), torch.inference_mode():
+                        out = self.model(
+                            input_ids=ids, attention_mask=mask, output_hidden_states=True, logits_to_keep=1
+                        )
+                    hidden = out.hidden_states[-1].float() * mask.unsqueeze(-1)
+                    pooled = hidden.sum(1) / mask.sum(1, keepdim=True)
+                    pooled = torch.nn.functional.normalize(pooled, dim=-1)
+                    for e, i, vec in zip(encoded, members, pooled.tolist()):
+                        results[i] = EmbedResult(vec if e else [0.0] * len(vec), len(e), 0.0)
+        done = [r for r in results if r is not None]
+        for r in done:
+            r.seconds = t[0] / max(len(done), 1)
+        account(self.usage, done, t[0])  # type: ignore[arg-type]
+        return done
 
     def close(self) -> None:
         if self.prefixes is not None:

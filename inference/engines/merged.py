@@ -34,6 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from simplan.inference.engines.base import (
+    EmbedRequest,
+    EmbedResult,
     Engine,
     EngineUsage,
     GenerationRequest,
@@ -188,6 +190,17 @@ class MergedEngine:
             for adapter, idx in self._by_adapter(requests).items():
                 plain = [dataclasses.replace(requests[i], adapter=None) for i in idx]
                 for i, res in zip(idx, self._engine(adapter).score(plain)):
+                    results[i] = res
+        account(self.usage, results, t[0])
+        return results
+
+    def embed(self, requests: list[EmbedRequest]) -> list[EmbedResult]:
+        """Embed each text with the model of its adapter (None: the base model, loaded on first use)."""
+        results: list[Any] = [None] * len(requests)
+        with timer() as t:
+            for adapter, idx in self._by_adapter(requests).items():
+                plain = [dataclasses.replace(requests[i], adapter=None) for i in idx]
+                for i, res in zip(idx, self._engine(adapter).embed(plain)):  # type: ignore[attr-defined]
                     results[i] = res
         account(self.usage, results, t[0])
         return results

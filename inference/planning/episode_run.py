@@ -57,6 +57,7 @@ class EpisodeRun:
     goal: str
     past: list[tuple[Action, str, bool]] = field(default_factory=list)  # real (action, observation, error)
     records: list[StepRecord] = field(default_factory=list)
+    embeddings: dict[str, list[float]] = field(default_factory=dict)  # text -> vector (mismatch by `embedding`)
     failures: list[str] = field(default_factory=list)
     bans: dict[str, set[str]] = field(default_factory=dict)  # real state key -> banned action keys
     seen_valid: list[str] = field(default_factory=list)  # valid actions seen so far, first-seen order

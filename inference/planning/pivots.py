@@ -13,7 +13,8 @@ evidence (what was expected and what was seen, counts, thresholds).
 
 Rules (default severities):
     error_observation       error   the env flagged the action, or its observation reads like an error
-    expectation_mismatch    error   similarity(expected, real observation) below the threshold
+    expectation_mismatch    error   similarity(expected, real observation) below the threshold (token F1,
+                                    difflib's ratio, or the cosine of the engine's embeddings: `embedding`)
     repeated_action         warning the same action N times in a row, or the same (action, observation) N times
     no_progress             warning no score increase for N steps (since the last replan)
     score_drop              error   the score fell by more than `min_drop`
@@ -31,13 +32,32 @@ and one after each real step, before the monitor:
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from simplan.core.text import SIMILARITIES, normalize, similarity
 from simplan.envs.failures import FailureRules, looks_like_error
+from simplan.inference.engines.base import cosine
 from simplan.inference.planning.trace_events import SEVERITIES, PivotEvent
+
+METHODS = (*SIMILARITIES, "embedding")  # the mismatch rule's similarities: core/text.py's and the engine's
+
+
+def observation_similarity(
+    expected: str, observed: str, method: str, embed: Callable[[list[str]], list[list[float]]] | None = None
+) -> float:
+    """Similarity in [0, 1] of an expected and a real observation by `method` (METHODS): core/text.py's for the
+    text methods; for `embedding`, 1.0 for texts equal after `normalize`, else the cosine of `embed`'s vectors
+    (negative cosines read as 0)."""
+    if method != "embedding":
+        return similarity(expected, observed, method)
+    if normalize(expected) == normalize(observed):
+        return 1.0
+    if embed is None:
+        raise ValueError("observation similarity `embedding` needs the engine's embeddings (an `embed` function)")
+    a, b = embed([expected, observed])
+    return max(0.0, cosine(a, b))
 
 
 @dataclass
@@ -62,6 +82,8 @@ class PivotContext:
     tokens_used: int = 0
     tokens_before: int = 0  # model tokens used before this step's decisions
     max_tokens: int = 0  # 0: no limit
+    # Texts -> their embeddings (the engine's `embed`), given by the planner when the mismatch rule uses `embedding`
+    embed: Callable[[list[str]], list[list[float]]] | None = None
 
     @property
     def last(self) -> StepRecord:
@@ -165,13 +187,13 @@ class ExpectationMismatch:
         _check_severity(self.severity)
         if not 0.0 <= self.threshold <= 1.0:
             raise ValueError(f"expectation mismatch threshold: must be in [0, 1], got {self.threshold}")
-        if self.method not in SIMILARITIES:
-            raise ValueError(f"similarity method {self.method!r} is not one of {SIMILARITIES}")
+        if self.method not in METHODS:
+            raise ValueError(f"similarity method {self.method!r} is not one of {METHODS}")
 
     def check(self, ctx: PivotContext) -> PivotEvent | None:
         if ctx.expectation is None:
             return None
-        sim = similarity(ctx.expectation, ctx.last.observation, self.method)
+        sim = observation_similarity(ctx.expectation, ctx.last.observation, self.method, ctx.embed)
         if sim >= self.threshold:
             return None
         return PivotEvent(
@@ -370,7 +392,16 @@ class PivotConfig:
     mismatch_threshold: float = field(
         default=0.75, metadata=_help("expectation_mismatch fires below this similarity (0..1)")
     )
-    similarity: str = field(default="token_f1", metadata=_help(f"observation similarity: {', '.join(SIMILARITIES)}"))
+    similarity: str = field(
+        default="token_f1",
+        metadata=_help(
+            f"observation similarity: {', '.join(METHODS)} (embedding: cosine of the engine's mean-pooled hidden "
+            "states, hf only; its scale differs from token F1's: set mismatch_threshold with it)"
+        ),
+    )
+    embedding_adapter: str = field(
+        default="", metadata=_help("similarity embedding: the model that embeds ('' the base model, or an adapter)")
+    )
     repeat_limit: int = field(default=3, metadata=_help("repeated_action: same action / same pair this many times"))
     no_progress_steps: int = field(default=8, metadata=_help("no_progress: steps without a score increase"))
     min_score_drop: float = field(default=0.0, metadata=_help("score_drop: fires when the score falls more"))
@@ -397,8 +428,8 @@ class PivotConfig:
         for name, ok, expected in checks:
             if not ok:
                 raise ValueError(f"pivot_rules.{name}: must be {expected}, got {getattr(self, name)!r}")
-        if self.similarity not in SIMILARITIES:
-            raise ValueError(f"pivot_rules.similarity: {self.similarity!r} is not one of {', '.join(SIMILARITIES)}")
+        if self.similarity not in METHODS:
+            raise ValueError(f"pivot_rules.similarity: {self.similarity!r} is not one of {', '.join(METHODS)}")
 
 
 def default_rules(

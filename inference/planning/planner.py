@@ -39,7 +39,7 @@ from collections.abc import Callable
 from typing import Any
 
 from simplan.core.errors import InputError
-from simplan.core.text import normalize, similarity
+from simplan.core.text import normalize
 from simplan.data.episode import EpisodeState
 from simplan.data.format import (
     Messages,
@@ -58,7 +58,14 @@ from simplan.envs.base import (
     missing_from_complete_list,
 )
 from simplan.envs.failures import DEFAULT_PROGRESS_PATTERNS, FailureRules, env_patterns
-from simplan.inference.engines.base import Engine, EnvBoundEngine, MeteredEngine
+from simplan.inference.engines.base import (
+    EmbedRequest,
+    Engine,
+    EnvBoundEngine,
+    MeteredEngine,
+    backend_name,
+    can_embed,
+)
 from simplan.inference.planning.config import PlannerConfig
 from simplan.inference.planning.episode_run import EpisodeResult, EpisodeRun, Queued, state_key
 from simplan.inference.planning.imagination import Imagination
@@ -71,6 +78,7 @@ from simplan.inference.planning.pivots import (
     StepRecord,
     TransientError,
     default_rules,
+    observation_similarity,
 )
 from simplan.inference.planning.prompt_fit import PromptFitter, approx_token_counter, locked
 from simplan.inference.planning.prompts import PlannerPrompts
@@ -145,6 +153,18 @@ class Planner:
         self.transient = TransientError(failures, config.pivot_rules.max_transient_retries)
         if rules is None:
             rules = default_rules(config.pivot_rules, error_patterns=failures.error)
+        self.embeds = config.pivot_rules.similarity == "embedding"  # the act's match uses it, pivots or not
+        if self.embeds and not can_embed(engine):
+            raise InputError(
+                f"pivot_rules.similarity: embedding needs an engine that embeds texts (hf); {backend_name(engine)} "
+                "does not: use token_f1 or ratio"
+            )
+        embedder = config.pivot_rules.embedding_adapter
+        if self.embeds and embedder and embedder not in known:
+            raise InputError(
+                f"pivot_rules.embedding_adapter: the engine has no adapter {embedder!r} (it has: "
+                f"{', '.join(known) or 'none'}); give one of them, or '' for the base model"
+            )
         self.rules = rules
         # router selective reads the simulator's per-verb accuracy (its adapter's simulator_accuracy.json).
         adapter_dirs = dict(getattr(engine, "adapter_dirs", None) or {})  # set by make_engine (engines/__init__.py)
@@ -264,6 +284,7 @@ class Planner:
                 tokens_used=ep.meter.tokens,
                 tokens_before=ep.tokens_at_last_act,
                 max_tokens=b.token_budget,
+                embed=self._embedder(ep) if self.embeds else None,
             )
             if (retry := self.transient.check(ctx)) is not None:
                 retry.fired = True  # the same action again: no model call, failure note, ban or replan
@@ -334,6 +355,20 @@ class Planner:
         )
         return None
 
+    def _embedder(self, ep: EpisodeRun) -> Callable[[list[str]], list[list[float]]]:
+        """Texts -> embeddings through the episode's meter (counted as prompt tokens), for the mismatch rule; each
+        text is embedded once per episode (the act's match and the rule read the same pair)."""
+        adapter = self.config.pivot_rules.embedding_adapter or None
+
+        def embed(texts: list[str]) -> list[list[float]]:
+            new = [t for t in dict.fromkeys(texts) if t not in ep.embeddings]
+            if new:
+                results = ep.meter.embed([EmbedRequest(t, adapter=adapter, tag="embed") for t in new])
+                ep.embeddings.update(zip(new, (r.vector for r in results)))
+            return [ep.embeddings[t] for t in texts]
+
+        return embed
+
     def _not_valid_now(self, ep: EpisodeRun, item: Queued) -> PivotEvent | None:
         """Pivot `not_valid_now` (error): a queued action is missing from the real state's valid actions.
 
@@ -360,7 +395,10 @@ class Planner:
         obs = result.observation
         match = None
         if item.expectation is not None:
-            match = round(similarity(item.expectation, obs.text, self.config.pivot_rules.similarity), 4)
+            embed = self._embedder(ep) if self.embeds else None
+            match = round(
+                observation_similarity(item.expectation, obs.text, self.config.pivot_rules.similarity, embed), 4
+            )
         error = bool(obs.error)
         ep.past.append((item.action, obs.text, error))
         ep.records.append(StepRecord(item.action.key(), obs.text, float(result.score), error))
