@@ -11,13 +11,15 @@ every candidate (inference/planning/outcomes.py), as the planner asks them. Then
 - metrics: for "lost" and for "bad" (lost or error), the AUROC of the predicted probability, the best recall
   at precision >= `precision` and its threshold, per task family and overall; calibration (expected
   calibration error and the reliability table, plotted); accuracy of the most probable class;
-- the veto: the lowest threshold on P(lost or error) whose vetoes are right at least `precision` of the time;
-  and what a veto does to the decider's first choice of each state (the action it overrides): how many it
+- the veto: the lowest threshold on P(lost or error) whose vetoes are right at least `precision` of the time,
+  over every candidate (`veto_on: candidates`) or over the decider's first choice of each state, the actions a
+  veto overrides (`veto_on: first_choices`); and what a veto does to those first choices: how many it
   overrides at the fitted veto and at a few other thresholds, and how many of those rightly;
 - the value: logistic regression of "the action was a good one" (it made progress or won, or it is the
   expert's own action) on the decider's log-probability and the outcome probabilities.
-Written to `out` (metrics.json, metrics.md, reliability.png); with `write_adapter` the fitted judge goes beside
-the simulator adapter as outcome_judge.json, which the planner reads.
+Written to `out` (metrics.json, metrics.md, rows.jsonl, reliability.png); with `write_adapter` the fitted judge
+goes beside the simulator adapter as outcome_judge.json, which the planner reads. `rows` refits from an earlier
+run's rows.jsonl without a model (another precision or `veto_on`, in seconds).
 """
 
 from __future__ import annotations
@@ -56,6 +58,9 @@ def _help(text: str) -> dict[str, str]:
     return {"help": text}
 
 
+VETO_ON = ("candidates", "first_choices")
+
+
 @dataclass
 class FitJudgeConfig:
     inputs: list[str] = field(default_factory=list, metadata=_help("dev trajectories with alternatives (JSONL)"))
@@ -66,10 +71,27 @@ class FitJudgeConfig:
     simulator_adapter: str = field(default="simulator", metadata=_help("engine adapter of the simulator"))
     write_adapter: bool = field(default=False, metadata=_help(f"write {OUTCOME_JUDGE_FILE} beside the simulator"))
     seed: int = field(default=0, metadata=_help("seed of the state sample"))
+    veto_on: str = field(
+        default="candidates",
+        metadata=_help(
+            "where the veto's precision is reached: candidates (every scored action) or first_choices (the "
+            "decider's top action of each state: the ones a veto overrides)"
+        ),
+    )
+    rows: str = field(
+        default="", metadata=_help("refit from this rows.jsonl of an earlier fit-judge run (no model is loaded)")
+    )
 
     def __post_init__(self) -> None:
-        if not self.inputs:
+        if not self.inputs and not self.rows:
             raise ValueError("inputs: give the dev trajectories with alternatives (`simplan counterfactuals --out`)")
+        if self.veto_on not in VETO_ON:
+            raise ValueError(f"veto_on: {self.veto_on!r} is not one of {', '.join(VETO_ON)}")
+        if self.rows and self.write_adapter:
+            raise ValueError(
+                "write_adapter: a refit from rows has no engine and so no adapter folder; copy "
+                "metrics.json's judge into OUTCOME_JUDGE_FILE beside the simulator adapter yourself"
+            )
         if not 0.0 < self.precision <= 1.0:
             raise ValueError(f"precision: must be in (0, 1], got {self.precision}")
         if self.states < 0:
@@ -203,15 +225,20 @@ def outcome_metrics(rows: list[Row], precision: float) -> dict[str, Any]:
 VETO_PROBES = (0.3, 0.5, 0.7)  # P(lost or error) thresholds reported for the decider's first choices
 
 
-def first_choices(rows: list[Row], veto: float) -> dict[str, Any]:
-    """What a veto would do to the decider's first choice of each state (the candidate it ranks highest: the
-    action the planner keeps unless vetoed): how many states, how many first choices were bad, and at the
-    fitted veto and at each of VETO_PROBES, how many it overrides and how many of those rightly."""
+def first_choice_rows(rows: list[Row]) -> list[Row]:
+    """The decider's first choice of each state: the candidate it ranks highest (the action the planner keeps
+    unless vetoed)."""
     by_state: dict[int, Row] = {}
     for r in rows:
         if r.state not in by_state or r.logprob > by_state[r.state].logprob:
             by_state[r.state] = r
-    first = list(by_state.values())
+    return list(by_state.values())
+
+
+def first_choices(rows: list[Row], veto: float) -> dict[str, Any]:
+    """What a veto would do to the decider's first choice of each state: how many states, how many first choices
+    were bad, and at the fitted veto and at each of VETO_PROBES, how many it overrides and how many rightly."""
+    first = first_choice_rows(rows)
 
     def overrides(threshold: float) -> dict[str, Any]:
         hit = [r for r in first if OutcomeJudge.bad(r.probs) > threshold]
@@ -225,10 +252,11 @@ def first_choices(rows: list[Row], veto: float) -> dict[str, Any]:
     }
 
 
-def fit(rows: list[Row], precision: float) -> OutcomeJudge:
-    """The veto from dev precision, the value from logistic regression (module docstring)."""
-    bad = np.array([OutcomeJudge.bad(r.probs) for r in rows])
-    is_bad = np.array([r.outcome in BAD for r in rows])
+def fit(rows: list[Row], precision: float, veto_on: str = "candidates") -> OutcomeJudge:
+    """The veto from dev precision on `veto_on`'s rows, the value from logistic regression (module docstring)."""
+    population = first_choice_rows(rows) if veto_on == "first_choices" else rows
+    bad = np.array([OutcomeJudge.bad(r.probs) for r in population])
+    is_bad = np.array([r.outcome in BAD for r in population])
     veto, recall, reached = veto_threshold(bad, is_bad, precision)
     names = [f for f in FEATURES if f != "p_no_change"]  # the probabilities sum to 1: one is the reference
     x = np.array([[features(r.logprob, r.probs)[f] for f in names] for r in rows])
@@ -238,6 +266,7 @@ def fit(rows: list[Row], precision: float) -> OutcomeJudge:
         "candidates": len(rows),
         "states": len({r.state for r in rows}),
         "precision_target": precision,
+        "veto_on": veto_on,
         "veto_recall": recall,
         "veto_precision": reached,
         "good_share": float(y.mean()) if len(y) else None,
@@ -277,7 +306,8 @@ def markdown(metrics: dict[str, Any], judge: OutcomeJudge, precision: float) -> 
         "# Outcome predictions on dev states",
         "",
         f"Candidates: {metrics['all']['candidates']} from {judge.fitted['states']} states; veto P(lost or error) > "
-        f"{judge.veto:.3f} (precision {judge.fitted['veto_precision']}, recall {judge.fitted['veto_recall']:.3f}).",
+        f"{judge.veto:.3f} (on {judge.fitted.get('veto_on', 'candidates')}: precision "
+        f"{judge.fitted['veto_precision']}, recall {judge.fitted['veto_recall']:.3f}).",
         "",
         f"| family | candidates | lost | AUROC lost | recall lost at p>={precision:g} | bad | AUROC bad | "
         f"recall bad at p>={precision:g} | class accuracy |",
@@ -317,15 +347,30 @@ def markdown(metrics: dict[str, Any], judge: OutcomeJudge, precision: float) -> 
     return "\n".join(lines) + "\n"
 
 
-def fit_judge(cfg: FitJudgeConfig, engine: Any) -> dict[str, Any]:
+def read_rows(path: str | Path) -> list[Row]:
+    """The rows.jsonl an earlier fit-judge run wrote."""
+    from simplan.core.io import iter_jsonl, parse_json
+
+    try:
+        return [Row(**parse_json(text)) for _, text in iter_jsonl(path)]
+    except FileNotFoundError:
+        raise InputError(
+            f"rows: {path} does not exist; give the rows.jsonl of a `simplan fit-judge --out` folder"
+        ) from None
+    except (TypeError, ValueError) as e:
+        raise InputError(f"rows: {path} is not a fit-judge rows.jsonl ({e})") from None
+
+
+def fit_judge(cfg: FitJudgeConfig, engine: Any | None) -> dict[str, Any]:
+    """Score (or, with `rows`, read) the candidates, fit the judge and write it all to `out` (module docstring)."""
     started = time.perf_counter()
-    rows = collect_rows(cfg, engine)
+    rows = read_rows(cfg.rows) if cfg.rows else collect_rows(cfg, engine)
     if not rows:
         raise InputError(f"inputs: no state with alternatives in {cfg.inputs}; run `simplan counterfactuals` on them")
     metrics = outcome_metrics(rows, cfg.precision)
-    judge = fit(rows, cfg.precision)
+    judge = fit(rows, cfg.precision, cfg.veto_on)
     metrics["first_choices"] = first_choices(rows, judge.veto)
-    judge.fitted |= {"inputs": cfg.inputs, "seconds": round(time.perf_counter() - started, 1)}
+    judge.fitted |= {"inputs": cfg.inputs or [cfg.rows], "seconds": round(time.perf_counter() - started, 1)}
     out = Path(cfg.out)
     write_json(out / "metrics.json", {"config": asdict(cfg), "judge": asdict(judge), **metrics})
     write_text(out / "metrics.md", markdown(metrics, judge, cfg.precision))
@@ -334,7 +379,7 @@ def fit_judge(cfg: FitJudgeConfig, engine: Any) -> dict[str, Any]:
             f.write(json.dumps(asdict(r)) + "\n")
     plot = plot_reliability(metrics, out / "reliability.png")
     written = None
-    if cfg.write_adapter:
+    if cfg.write_adapter and engine is not None:
         dirs = dict(getattr(engine, "adapter_dirs", None) or {})
         written = judge.write(Path(dirs[cfg.simulator_adapter]) / OUTCOME_JUDGE_FILE)
     return {"out": out, "judge": judge, "metrics": metrics, "plot": plot, "written": written}

@@ -6,6 +6,8 @@
 The inputs are dev trajectories with counterfactual alternatives (`simplan counterfactuals`). Writes
 metrics.json, metrics.md, rows.jsonl and reliability.png to --out; with --write_adapter true also
 outcome_judge.json beside the simulator adapter, which the planner reads (evaluation/judge_fit.py).
+`--rows OUT/rows.jsonl` refits from an earlier run's scores without loading a model (`--veto_on
+first_choices`: the veto's precision on the actions it would override).
 Exit status 0 on success, 2 on a bad configuration.
 """
 
@@ -28,11 +30,12 @@ def main(argv: list[str] | None = None) -> int:
     check_output_folder(cfg.out)  # before the engine loads
     from simplan.evaluation.judge_fit import fit_judge
 
-    engine = engine_from_config(engine_cfg)
+    engine = engine_from_config(engine_cfg) if not cfg.rows else None  # a refit from rows needs no model
     try:
         result = fit_judge(cfg, engine)
     finally:
-        engine.close()
+        if engine is not None:
+            engine.close()
     print((result["out"] / "metrics.md").read_text())
     if result["written"]:
         print(f"fit-judge: the planner reads {result['written']}")

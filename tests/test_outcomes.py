@@ -6,6 +6,7 @@ prefix in the dataset, and their packed tokenization for training.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -328,6 +329,40 @@ def test_first_choices_count_what_a_veto_overrides_by_hand() -> None:
     assert out["at_veto"] == {"threshold": 0.5, "overridden": 1, "rightly": 1}
     assert [(p["overridden"], p["rightly"]) for p in out["probes"]] == [(1, 1), (1, 1), (1, 1)]
     assert first_choices(rows, veto=0.1)["at_veto"] == {"threshold": 0.1, "overridden": 2, "rightly": 1}
+
+
+def test_the_veto_reaches_its_precision_on_the_population_asked_for(tmp_path, capsys) -> None:
+    """Over every candidate no threshold is always right (a good alternative is feared most); over the first
+    choices, > 0.8 overrides only the bad one. A refit from rows.jsonl needs no model and gives that judge."""
+    from simplan.evaluation.judge_fit import FitJudgeConfig, Row, fit, fit_judge
+
+    def row(state: int, logprob: float, outcome: str, p_lost: float) -> Row:
+        probs = {o: 0.0 for o in OUTCOMES} | {"lost": p_lost, "no_change": 1 - p_lost}
+        return Row("f", state, f"a{state}{logprob}", outcome, False, logprob, probs)
+
+    rows = [
+        row(0, -0.1, "lost", 0.9),  # a bad first choice, foreseen
+        row(0, -1.0, "lost", 0.6),
+        row(1, -0.1, "no_change", 0.8),  # a good first choice the simulator fears
+        row(1, -1.0, "lost", 0.7),
+        row(2, -0.1, "no_change", 0.1),
+        row(2, -2.0, "no_change", 0.95),  # an alternative the simulator fears most, wrongly
+    ]
+    assert fit(rows, 1.0, "first_choices").veto == pytest.approx(0.8)  # > 0.8 overrides only state 0's
+    assert fit(rows, 1.0, "candidates").veto == 1.0  # 0.95 on a good alternative spoils every threshold
+    folder = tmp_path / "fit"
+    folder.mkdir()
+    (folder / "rows.jsonl").write_text("".join(json.dumps(dataclasses.asdict(r)) + "\n" for r in rows))
+    refit = fit_judge(
+        FitJudgeConfig(
+            rows=str(folder / "rows.jsonl"), out=str(tmp_path / "refit"), precision=1.0, veto_on="first_choices"
+        ),
+        None,
+    )
+    assert refit["judge"].veto == pytest.approx(0.8) and refit["judge"].fitted["veto_on"] == "first_choices"
+    assert "on first_choices" in (tmp_path / "refit" / "metrics.md").read_text()
+    with pytest.raises(ValueError, match="veto_on: 'all' is not one of"):
+        FitJudgeConfig(rows="r.jsonl", veto_on="all")
 
 
 def test_the_fitted_judge_recovers_known_weights_on_synthetic_data() -> None:
