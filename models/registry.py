@@ -214,6 +214,17 @@ def load_tokenizer(name: str) -> Any:
     return tok
 
 
+def resolve_dtype(dtype: str, device: str) -> str:
+    """The weights dtype a model runs in: `auto` is the checkpoint's own on a GPU, and on the CPU bfloat16 where the
+    CPU computes it natively (core/cpu.py `native_bf16`) and float32 elsewhere (emulated bf16 is several times
+    slower); any other name is kept."""
+    from simplan.core.cpu import native_bf16
+
+    if dtype != "auto" or device.startswith("cuda"):
+        return dtype
+    return "bfloat16" if native_bf16() else "float32"
+
+
 def pick_device(device: str = "auto") -> str:
     """The torch device to run a model on: "auto" is the first CUDA GPU when there is one, else the CPU;
     anything else ("cpu", "cuda", "cuda:1") is checked and returned."""

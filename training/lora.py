@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from simplan.core.cpu import native_bf16
 from simplan.core.errors import InputError, MissingInputError
 from simplan.core.io import atomic_dir
 from simplan.data.episode import PromptSettings, write_settings
@@ -27,11 +28,7 @@ def bf16_supported() -> bool:
     """bf16 autocast pays off on CUDA GPUs with bf16 and on CPUs with native bf16 (AVX512-BF16/AMX)."""
     if torch.cuda.is_available():
         return torch.cuda.is_bf16_supported()
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    return native_bf16()
 
 
 def use_bf16(train_args: TrainArguments) -> bool:

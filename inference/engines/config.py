@@ -131,7 +131,13 @@ class EngineConfig:
     adapters: str = field(
         default="", metadata=_help("LoRA adapters as name=DIR,name=DIR (openai: name=anything, served names)")
     )
-    dtype: str = field(default="auto", metadata=_help(f"hf/vllm: weights dtype: {', '.join(DTYPES)}"))
+    dtype: str = field(
+        default="auto",
+        metadata=_help(
+            f"hf/vllm: weights dtype: {', '.join(DTYPES)} (hf auto: the checkpoint's on a GPU; on the CPU bfloat16 "
+            "where it is native (AVX512-BF16, AMX), else float32)"
+        ),
+    )
     threads: int | None = field(
         default=None, metadata=_help("hf/vllm: CPU threads for the model (None: all cores minus vllm.reserved_cpus)")
     )

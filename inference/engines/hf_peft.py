@@ -96,7 +96,7 @@ class HFPeftEngine:
         import torch
         from transformers import AutoModelForCausalLM, DynamicCache
 
-        from simplan.models.registry import load_tokenizer, pick_device, resolve_model
+        from simplan.models.registry import load_tokenizer, pick_device, resolve_dtype, resolve_model
 
         if prefix_cache_sessions < 0:
             raise ValueError(
@@ -112,8 +112,9 @@ class HFPeftEngine:
         self.usage = EngineUsage()
         path = resolve_model(model)
         self.tokenizer = load_tokenizer(path)
-        torch_dtype = "auto" if dtype == "auto" else getattr(torch, dtype)
         self.device = pick_device(device)
+        dtype = resolve_dtype(dtype, self.device)  # auto: float32 on a CPU without native bf16
+        torch_dtype = "auto" if dtype == "auto" else getattr(torch, dtype)
         base = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).to(self.device)
         self.model: Any = base
         if adapters:
