@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument("--adapters", default="", help="name=DIR,... (decider and simulator); default: random adapters")
     p.add_argument("--backends", default="hf,vllm,openai")
-    p.add_argument("--dtype", default="bfloat16", help="bf16 ran 2.7x faster than fp32 on these CPUs")
+    p.add_argument("--dtype", default="auto", help="auto: bf16 where the CPU has it natively, else fp32")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
     p.add_argument("--decider", type=int, default=8, help="decider requests (each samples --k actions)")
     p.add_argument("--simulator", type=int, default=8, help="simulator requests (greedy)")

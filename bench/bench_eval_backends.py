@@ -185,7 +185,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--planner", type=yaml.safe_load, default={}, help="PlannerConfig fields for every arm, e.g. '{horizon: 2}'"
     )
     p.add_argument("--concurrency", type=int, default=8, help="episodes at once (their calls are batched)")
-    p.add_argument("--dtype", default="bfloat16", help="weights dtype (bfloat16, as the eval recipes use)")
+    p.add_argument("--dtype", default="auto", help="weights dtype (auto, as the eval recipes use)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
     p.add_argument("--kv-cache-gib", type=int, default=2, help="vLLM: KV cache per engine (merged: per model)")
     p.add_argument("--enforce-eager", action="store_true", help="vLLM without torch.compile (faster start)")

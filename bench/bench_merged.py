@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument("--adapters", default="", help="name=DIR,... (decider and simulator); default: random adapters")
     p.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated, from {', '.join(CONFIGS)}")
-    p.add_argument("--dtype", default="bfloat16", help="weights dtype (bfloat16, as the eval recipes use)")
+    p.add_argument("--dtype", default="auto", help="weights dtype (auto, as the eval recipes use)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
     p.add_argument("--episodes", type=int, default=8, help="episodes per round (2 generate requests each)")
     p.add_argument("--rounds", type=int, default=3, help="timed rounds (steps), after one warm-up round")

@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", type=int, default=12, help="states to score, spread over the task families")
     p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument("--adapter", default="", help="decider adapter folder ('' = the base model)")
-    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--dtype", default="auto")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--out", default="", help="also write the numbers as JSON here")
