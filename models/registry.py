@@ -214,15 +214,26 @@ def load_tokenizer(name: str) -> Any:
     return tok
 
 
-def resolve_dtype(dtype: str, device: str) -> str:
-    """The weights dtype a model runs in: `auto` is the checkpoint's own on a GPU, and on the CPU bfloat16 where the
-    CPU computes it natively (core/cpu.py `native_bf16`) and float32 elsewhere (emulated bf16 is several times
-    slower); any other name is kept."""
+def resolve_dtype(dtype: str, device: str, checkpoint: str | None = None) -> str:
+    """The weights dtype a model runs in. `auto` is the checkpoint's own (`checkpoint`, e.g. "bfloat16"; "auto"
+    when unknown), except on a CPU without native bf16 (core/cpu.py `native_bf16`), where a bfloat16 or float16
+    checkpoint runs in float32: emulated half precision is several times slower there. Any other name is kept."""
     from simplan.core.cpu import native_bf16
 
-    if dtype != "auto" or device.startswith("cuda"):
+    half = checkpoint in ("bfloat16", "float16")
+    if dtype != "auto" or device.startswith("cuda") or not half or native_bf16():
         return dtype
-    return "bfloat16" if native_bf16() else "float32"
+    return "float32"
+
+
+def checkpoint_dtype(path: str) -> str | None:
+    """The dtype a model folder's config.json says its weights are in ("bfloat16", "float32", ...), if any."""
+    try:
+        raw = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    value = raw.get("dtype") or raw.get("torch_dtype")
+    return value if isinstance(value, str) else None
 
 
 def pick_device(device: str = "auto") -> str:

@@ -333,16 +333,19 @@ def test_pick_device_takes_the_gpu_only_when_there_is_one() -> None:
             pick_device("cuda:0")
 
 
-@pytest.mark.parametrize("native, cpu_dtype", [(True, "bfloat16"), (False, "float32")])
-def test_auto_dtype_is_bf16_only_where_the_cpu_computes_it(native, cpu_dtype, monkeypatch) -> None:
-    """Emulated bf16 made a CPU prefill 7x slower than float32 (AMD Zen 3): `auto` picks by the CPU's flags."""
+@pytest.mark.parametrize("native", [True, False])
+def test_auto_dtype_never_emulates_bf16_on_a_cpu(native, monkeypatch) -> None:
+    """Emulated bf16 made a CPU prefill 7x slower than float32 (AMD Zen 3): a bf16 checkpoint runs in float32 on
+    a CPU without native bf16, in its own dtype elsewhere."""
     from simplan.core import cpu
     from simplan.models.registry import resolve_dtype
 
     monkeypatch.setattr(cpu, "native_bf16", lambda: native)
-    assert resolve_dtype("auto", "cpu") == cpu_dtype
-    assert resolve_dtype("auto", "cuda:0") == "auto"  # the checkpoint's own dtype on a GPU
-    assert resolve_dtype("float16", "cpu") == "float16"  # asked for by name: kept
+    assert resolve_dtype("auto", "cpu", "bfloat16") == ("auto" if native else "float32")
+    assert resolve_dtype("auto", "cpu", "float32") == "auto"  # the checkpoint's own float32
+    assert resolve_dtype("auto", "cpu", None) == "auto"  # unknown: as transformers loads it
+    assert resolve_dtype("auto", "cuda:0", "bfloat16") == "auto"  # the checkpoint's own dtype on a GPU
+    assert resolve_dtype("bfloat16", "cpu", "bfloat16") == "bfloat16"  # asked for by name: kept
 
 
 def test_native_bf16_reads_the_cpu_flags(tmp_path) -> None:

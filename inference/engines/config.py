@@ -134,8 +134,8 @@ class EngineConfig:
     dtype: str = field(
         default="auto",
         metadata=_help(
-            f"hf/vllm: weights dtype: {', '.join(DTYPES)} (hf auto: the checkpoint's on a GPU; on the CPU bfloat16 "
-            "where it is native (AVX512-BF16, AMX), else float32)"
+            f"hf/vllm: weights dtype: {', '.join(DTYPES)} (hf auto: the checkpoint's, but float32 for a bf16 or "
+            "fp16 checkpoint on a CPU without native bf16 (AVX512-BF16, AMX), where it is emulated and slow)"
         ),
     )
     threads: int | None = field(

@@ -96,7 +96,7 @@ class HFPeftEngine:
         import torch
         from transformers import AutoModelForCausalLM, DynamicCache
 
-        from simplan.models.registry import load_tokenizer, pick_device, resolve_dtype, resolve_model
+        from simplan.models.registry import checkpoint_dtype, load_tokenizer, pick_device, resolve_dtype, resolve_model
 
         if prefix_cache_sessions < 0:
             raise ValueError(
@@ -113,7 +113,7 @@ class HFPeftEngine:
         path = resolve_model(model)
         self.tokenizer = load_tokenizer(path)
         self.device = pick_device(device)
-        dtype = resolve_dtype(dtype, self.device)  # auto: float32 on a CPU without native bf16
+        dtype = resolve_dtype(dtype, self.device, checkpoint_dtype(path))  # auto: no emulated bf16 on a CPU
         torch_dtype = "auto" if dtype == "auto" else getattr(torch, dtype)
         base = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).to(self.device)
         self.model: Any = base
