@@ -219,6 +219,9 @@ def test_settings_that_contradict_the_adapter_fail_naming_both(tmp_path):
         PlannerPrompts.for_engine(engine, PlannerConfig())
     # No saved settings (an adapter from before they travelled, or the base model): per-step prompts.
     assert not PlannerPrompts.for_engine(_Engine({}), PlannerConfig()).conversation
+    # A decider adapter alone (the reactive arm needs no simulator): the simulator role takes its format.
+    alone = PlannerPrompts.for_engine(_Engine({"decider": str(tmp_path / "decider")}), PlannerConfig())
+    assert alone.conversation and alone.simulator_settings.format == "conversation"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -40,14 +40,17 @@ def explicit_settings(config: Any) -> dict[str, Any]:
     return {key: value for key, value in dataclasses.asdict(config.prompts).items() if value is not None}
 
 
-def role_settings(adapter_dir: str | None, explicit: dict[str, Any], role: str) -> PromptSettings:
-    """One role's settings: its adapter's (checked against the explicit ones), else the explicit ones."""
+def role_settings(
+    adapter_dir: str | None, explicit: dict[str, Any], role: str, fallback: str = FALLBACK_FORMAT
+) -> PromptSettings:
+    """One role's settings: its adapter's (checked against the explicit ones), else the explicit ones in the
+    `fallback` format."""
     saved = read_settings(adapter_dir) if adapter_dir else None
     if saved is not None:
         return merge_settings(
             saved, explicit, where=f"the {role} adapter ({Path(adapter_dir) / 'prompt_settings.json'})"
         )
-    return PromptSettings(**{"format": FALLBACK_FORMAT, **explicit})
+    return PromptSettings(**{"format": fallback, **explicit})
 
 
 @dataclass
@@ -74,8 +77,13 @@ class PlannerPrompts:
     def for_engine(engine: Any, config: Any, tokenizer: Any = None) -> PlannerPrompts:
         dirs = getattr(engine, "adapter_dirs", None) or {}
         explicit = explicit_settings(config)
-        decider = role_settings(dirs.get(config.decider_adapter or ""), explicit, "decider")
-        simulator = role_settings(dirs.get(config.simulator_adapter or ""), explicit, "simulator")
+        decider_dir, simulator_dir = dirs.get(config.decider_adapter or ""), dirs.get(config.simulator_adapter or "")
+        # A role without an adapter of its own (the reactive arm's simulator, a base-model decider) takes the
+        # other role's format: one episode state is rendered for both.
+        saved = [read_settings(d) for d in (decider_dir, simulator_dir) if d]
+        fallback = next((s.format for s in saved if s is not None), FALLBACK_FORMAT)
+        decider = role_settings(decider_dir, explicit, "decider", fallback)
+        simulator = role_settings(simulator_dir, explicit, "simulator", fallback)
         return PlannerPrompts(decider, simulator, tokenizer)
 
     def decider(self, state: fmt.PromptState | EpisodeState) -> fmt.Messages:
