@@ -17,9 +17,11 @@ from simplan.data.importers import ImportConfig, import_file
 from simplan.envs.limits import DEFAULT_MAX_OBSERVATION_CHARS
 
 # sha256 of the output and the rejects of `mixed_lines()`, imported as `mixed.jsonl` from its own folder, written
-# by the import before it streamed (commit 5ee17ec, which held every trajectory in a list and wrote them at the end)
+# by the import before it streamed (commit 5ee17ec, which held every trajectory in a list and wrote them at the end),
+# with goals capped like observations since 575e10f: the one difference from 5ee17ec's bytes is the goal of the
+# conversation past the observation cap (mixed-8), cut as its observation is
 BEFORE = {
-    "out": "653a47bca643c7c13d52b2e79f88e2b4206e7945bcf47932062fefb88230ccf2",
+    "out": "9d07617badd70dc04cddaa6cfd0cdb145bcb4b2cc9d23ed6701dcb53f4fde6b4",
     "rejects": "95139806730c0e4b5233c6d5ef57f5abecdfdf01f9f8a45617a80ec32f63757a",
 }
 
@@ -85,6 +87,8 @@ def test_the_streamed_output_is_byte_identical_to_before(mixed: Path) -> None:
         "jp",
     ]
     assert Path(report.rejects).read_text().splitlines() == [mixed_lines()[i - 1] for i in (2, 4, 6, 9)]
+    capped = json.loads(Path("out.jsonl").read_text().splitlines()[3])
+    assert capped["goal"] == capped["initial_observation"] and len(capped["goal"]) < DEFAULT_MAX_OBSERVATION_CHARS + 100
     assert {"out": _sha("out.jsonl"), "rejects": _sha(report.rejects)} == BEFORE
     assert "converted 5 conversation(s) -> out.jsonl; 4 line(s) failed" in report.summary()
 
