@@ -88,7 +88,8 @@ def test_the_streamed_output_is_byte_identical_to_before(mixed: Path) -> None:
     ]
     assert Path(report.rejects).read_text().splitlines() == [mixed_lines()[i - 1] for i in (2, 4, 6, 9)]
     capped = json.loads(Path("out.jsonl").read_text().splitlines()[3])
-    assert capped["goal"] == capped["initial_observation"] and len(capped["goal"]) < DEFAULT_MAX_OBSERVATION_CHARS + 100
+    assert capped["goal"] == capped["initial_observation"]
+    assert len(capped["goal"]) < DEFAULT_MAX_OBSERVATION_CHARS + 100
     assert {"out": _sha("out.jsonl"), "rejects": _sha(report.rejects)} == BEFORE
     assert "converted 5 conversation(s) -> out.jsonl; 4 line(s) failed" in report.summary()
 
