@@ -41,12 +41,15 @@ def explicit_settings(config: Any) -> dict[str, Any]:
 
 
 def role_settings(
-    adapter_dir: str | None, explicit: dict[str, Any], role: str, fallback: str = FALLBACK_FORMAT
+    adapter_dir: str | None,
+    saved: PromptSettings | None,
+    explicit: dict[str, Any],
+    role: str,
+    fallback: str = FALLBACK_FORMAT,
 ) -> PromptSettings:
-    """One role's settings: its adapter's (checked against the explicit ones), else the explicit ones in the
-    `fallback` format."""
-    saved = read_settings(adapter_dir) if adapter_dir else None
-    if saved is not None:
+    """One role's settings: those `saved` with its adapter (checked against the explicit ones), else the explicit
+    ones in the `fallback` format."""
+    if adapter_dir and saved is not None:
         return merge_settings(
             saved, explicit, where=f"the {role} adapter ({Path(adapter_dir) / 'prompt_settings.json'})"
         )
@@ -77,13 +80,18 @@ class PlannerPrompts:
     def for_engine(engine: Any, config: Any, tokenizer: Any = None) -> PlannerPrompts:
         dirs = getattr(engine, "adapter_dirs", None) or {}
         explicit = explicit_settings(config)
-        decider_dir, simulator_dir = dirs.get(config.decider_adapter or ""), dirs.get(config.simulator_adapter or "")
+        adapter_dirs = {
+            "decider": dirs.get(config.decider_adapter or ""),
+            "simulator": dirs.get(config.simulator_adapter or ""),
+        }
+        saved = {role: read_settings(d) if d else None for role, d in adapter_dirs.items()}
         # A role without an adapter of its own (the reactive arm's simulator, a base-model decider) takes the
         # other role's format: one episode state is rendered for both.
-        saved = [read_settings(d) for d in (decider_dir, simulator_dir) if d]
-        fallback = next((s.format for s in saved if s is not None), FALLBACK_FORMAT)
-        decider = role_settings(decider_dir, explicit, "decider", fallback)
-        simulator = role_settings(simulator_dir, explicit, "simulator", fallback)
+        fallback = next((s.format for s in saved.values() if s is not None), FALLBACK_FORMAT)
+        decider, simulator = (
+            role_settings(adapter_dirs[role], saved[role], explicit, role, fallback)
+            for role in ("decider", "simulator")
+        )
         return PlannerPrompts(decider, simulator, tokenizer)
 
     def decider(self, state: fmt.PromptState | EpisodeState) -> fmt.Messages:
