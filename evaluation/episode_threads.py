@@ -124,9 +124,11 @@ def run_in_slots(
     slots: list[EnvSlot],
     batcher: BatchingEngine | None,
     bar: Any = None,
+    admit: Callable[[Item], bool] | None = None,
 ) -> None:
     """`play` each item in a thread that holds a free slot, then `record` its result under one lock, with one
-    thread per slot. The first error raises; on it or on Ctrl-C (`ctrl_c_stops`), items not started are
+    thread per slot; an item that `admit` refuses when its slot is free is skipped (neither played nor
+    recorded). The first error raises; on it or on Ctrl-C (`ctrl_c_stops`), items not started are
     dropped and running ones finish and are recorded. At the end the progress `bar`, the batcher and the
     slots are closed."""
     free: queue.Queue[EnvSlot] = queue.Queue()
@@ -136,6 +138,9 @@ def run_in_slots(
 
     def one(item: Item) -> None:
         slot = free.get()
+        if admit is not None and not admit(item):
+            free.put(slot)
+            return
         try:
             result = play(item, slot)
         finally:

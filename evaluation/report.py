@@ -40,6 +40,7 @@ from simplan.evaluation.report_tables import (
     Table,
     arm_comparisons,
     arms_table,
+    coverage_lines,
     family_tables,
     files_table,
     headline,
@@ -146,7 +147,7 @@ def write_report(
         "deduplicated by episode id. Success intervals are Wilson 95%; arms are compared task by task "
         "(exact McNemar test, paired bootstrap interval)."
     )
-    lead = headline(comparisons)
+    lead = headline(comparisons) + coverage_lines(runs)
     md = [f"# {title}", ""] + [f"- {line}" for line in lead] + ["", intro, ""]
     md += [t.markdown() for t in main]
     md += ["## Plots", ""]

@@ -235,6 +235,30 @@ def headline(comparisons: list[tuple[str, PairedComparison]]) -> list[str]:
     return lines
 
 
+def coverage_lines(runs: list[RunData]) -> list[str]:
+    """A headline line for each run that finished fewer episodes than its last invocation planned (a time
+    budget or --limit cut it): how many, and that the comparisons count only the tasks both arms finished."""
+    lines = []
+    for r in runs:
+        config = r.info.get("eval_config.json", {})
+        tasks, arms = config.get("step_caps") or {}, (config.get("eval") or {}).get("arms") or []
+        planned = len(tasks) * len(arms)
+        finished = sum(1 for rec in r.records if rec.summary.arm in arms)
+        if not planned or finished >= planned:
+            continue
+        last = (r.info.get("run.json", {}).get("invocations") or [{}])[-1]
+        why = (
+            f"the time budget ({last['max_minutes']:g} min) left the rest unstarted"
+            if last.get("not_started") and last.get("max_minutes")
+            else "the rest were not run"
+        )
+        lines.append(
+            f"{r.name}: {finished} of {planned} planned episodes finished ({why}); the paired comparisons count the "
+            "tasks both arms finished."
+        )
+    return lines
+
+
 def paired_table(comparisons: list[tuple[str, PairedComparison]]) -> Table:
     rows = [paired_row(run, c) for run, c in comparisons]
     return Table(
@@ -479,6 +503,7 @@ def invocations_table(runs: list[RunData]) -> Table | None:
                     r.name,
                     inv.get("finished", ""),
                     str(inv.get("episodes_run", "")),
+                    f"{inv['not_started']} ({inv.get('max_minutes', 0):g} min)" if inv.get("not_started") else "-",
                     num(inv.get("seconds")),
                     str(inv.get("concurrency", "")),
                     f"{eng.get('engine', '')} {eng.get('model', '')}".strip() or "-",
@@ -489,6 +514,15 @@ def invocations_table(runs: list[RunData]) -> Table | None:
         return None
     return Table(
         "Eval invocations (from run.json, not from traces)",
-        ["run", "finished", "episodes", "seconds", "concurrency", "engine", "batching: episode calls -> engine calls"],
+        [
+            "run",
+            "finished",
+            "episodes",
+            "not started (time budget)",
+            "seconds",
+            "concurrency",
+            "engine",
+            "batching: episode calls -> engine calls",
+        ],
         rows,
     )

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -109,6 +110,14 @@ class EvalConfig:
     )
     batching: bool = field(default=True, metadata=_help("merge concurrent episodes' engine calls"))
     limit: int = field(default=0, metadata=_help("run at most this many new episodes (0: all); a smoke test"))
+    max_minutes: float = field(
+        default=0.0,
+        metadata=_help(
+            "time budget: no task starts after this many minutes of the run (0: none); episodes already running "
+            "finish and a started task's compared arms complete its pair; episodes are ordered for a budget: games "
+            "in turn, the first two arms of every task before later arms"
+        ),
+    )
     fresh: bool = field(default=False, metadata=_help("delete the run folder's previous results first"))
     progress: bool = field(default=True, metadata=_help("show a progress bar"))
 
@@ -116,7 +125,7 @@ class EvalConfig:
         bad = [a for a in self.arms if a not in ARM_PRESETS]
         if bad or not self.arms:
             raise ValueError(f"arms: {bad or self.arms!r} not valid; choose from {', '.join(ARM_PRESETS)}")
-        for name in ("episodes", "max_steps", "limit"):
+        for name in ("episodes", "max_steps", "limit", "max_minutes"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
         if self.repeats < 1:
@@ -168,6 +177,18 @@ class EvalOutcome:
     traces: Path
     results: Path
     errors: list[EpisodeError] = field(default_factory=list)  # in episode order; len(errors) == errored
+    not_started: int = 0  # episodes the time budget (max_minutes) left for a later run
+
+
+def budget_message(outcome: EvalOutcome, minutes: float) -> str | None:
+    """What the user is told when the time budget left episodes unplayed (None when it left none)."""
+    if not outcome.not_started:
+        return None
+    return (
+        f"eval: the time budget ({minutes:g} min) ran out: {outcome.not_started} of {outcome.planned} episode(s) not "
+        "started; paired comparisons count the tasks both arms finished. Re-run the same command to play the next "
+        "ones (finished episodes are kept), or give --max_minutes 0 to play them all"
+    )
 
 
 def errored_message(outcome: EvalOutcome) -> str | None:
@@ -223,6 +244,58 @@ def plan_episodes(suite: Suite, arms: list[str], repeats: int) -> list[EpisodeSp
                 for arm in arms:
                     specs.append(EpisodeSpec(entry, task, arm, r, f"{base}/{arm}/{r}", f"{base}/{r}", cap))
     return specs
+
+
+# The first arms of --arms are the paired comparison a time budget completes first (evaluation/paired.py).
+COMPARED_ARMS = 2
+
+
+def budget_order(specs: list[EpisodeSpec], arms: list[str]) -> list[EpisodeSpec]:
+    """The episodes in the order a time budget should cut them: every task's compared arms (the first two of
+    `arms`) before any later arm, and within each the games in turn (the first task of every game, then the
+    second, ...), so a run cut short holds complete pairs from every game."""
+    compared = set(arms[:COMPARED_ARMS])
+    games: dict[tuple[int, str], int] = {}  # (suite entry, family) -> its index
+    turns: dict[str, int] = {}  # task (fault key) -> its position within its game
+    seen: Counter[tuple[int, str]] = Counter()
+    for s in specs:
+        game = (id(s.entry), s.task.family)
+        games.setdefault(game, len(games))
+        if s.fault_key not in turns:
+            turns[s.fault_key] = seen[game]
+            seen[game] += 1
+
+    def key(item: tuple[int, EpisodeSpec]) -> tuple[int, int, int, int]:
+        i, s = item
+        return (s.arm not in compared, turns[s.fault_key], games[(id(s.entry), s.task.family)], i)
+
+    return [s for _, s in sorted(enumerate(specs), key=key)]
+
+
+class TimeBudget:
+    """Which episodes may still start under `EvalConfig.max_minutes`: any before the deadline; after it, only a
+    compared arm of a task whose other compared arm started (so pairs complete); the rest are counted."""
+
+    def __init__(self, minutes: float, arms: list[str], begun: set[str]) -> None:
+        self.deadline = time.perf_counter() + 60.0 * minutes if minutes > 0 else None
+        self.compared = set(arms[:COMPARED_ARMS])
+        self.begun = set(begun)  # tasks (fault keys) with a compared arm started or finished
+        self.refused = 0
+        self._lock = threading.Lock()
+
+    def admit(self, spec: EpisodeSpec) -> bool:
+        with self._lock:
+            compared = spec.arm in self.compared
+            if (
+                self.deadline is None
+                or time.perf_counter() < self.deadline
+                or (compared and spec.fault_key in self.begun)
+            ):
+                if compared:
+                    self.begun.add(spec.fault_key)
+                return True
+            self.refused += 1
+            return False
 
 
 def planner_config(cfg: EvalConfig, arm: str, entry: SuiteEntry, max_steps: int | None = None) -> Any:
@@ -324,8 +397,13 @@ def _evaluate_locked(
     suite, identity = _prepare_folder(cfg, out, engine_info)
     specs, configs, first_slot = _plan_and_validate(cfg, out, engine, suite, identity, engine_info)
     todo, skipped = _resume(cfg, out, specs)
-    tally = _run(cfg, out, engine, todo, configs, first_slot, concurrency, len(specs), skipped)
-    _record_invocation(out, cfg, concurrency, tally.seconds, tally.counts, tally.batch, engine_info)
+    if cfg.max_minutes:
+        todo = budget_order(todo, cfg.arms)
+    left = {s.episode_id for s in todo}
+    begun = {s.fault_key for s in specs if s.episode_id not in left and s.arm in cfg.arms[:COMPARED_ARMS]}
+    budget = TimeBudget(cfg.max_minutes, cfg.arms, begun)
+    tally = _run(cfg, out, engine, todo, configs, first_slot, concurrency, len(specs), skipped, budget)
+    _record_invocation(out, cfg, concurrency, tally.seconds, tally.counts, tally.batch, engine_info, budget.refused)
     return EvalOutcome(
         out=out,
         planned=len(specs),
@@ -337,6 +415,7 @@ def _evaluate_locked(
         traces=out / TRACES,
         results=out / RESULTS,
         errors=[tally.errors[s.episode_id] for s in todo if s.episode_id in tally.errors],
+        not_started=budget.refused,
     )
 
 
@@ -415,9 +494,10 @@ def _run(
     concurrency: int,
     planned: int,
     skipped: int,
+    budget: TimeBudget,
 ) -> _Tally:
-    """Run `todo` in `concurrency` env slots sharing one batching engine; each finished episode is appended to
-    the traces, then to the results."""
+    """Run `todo` in `concurrency` env slots sharing one batching engine, each started only if the `budget`
+    admits it; each finished episode is appended to the traces, then to the results."""
     started = time.perf_counter()
     # A model-free engine (expert, random) has no model calls to merge, and binds itself to each episode's env.
     batching = cfg.batching and not isinstance(engine, EnvBoundEngine)  # no model calls to merge
@@ -454,7 +534,7 @@ def _run(
             bar.set_postfix_str(" ".join(f"{a}={w}/{n}" for a, (w, n) in wins.items() if n), refresh=False)
             bar.update(1)
 
-    run_in_slots(todo, play, record, all_slots, batcher, bar)
+    run_in_slots(todo, play, record, all_slots, batcher, bar, admit=budget.admit)
     seconds = time.perf_counter() - started
     batch = batcher.stats.to_dict() if batcher is not None else {}
     return _Tally(counts, errors, seconds, batch)
@@ -480,6 +560,7 @@ def _record_invocation(
     counts: dict[str, int],
     batch: dict[str, Any],
     engine_info: dict[str, Any],
+    not_started: int = 0,
 ) -> None:
     path = out / "run.json"
     info = json.loads(path.read_text()) if path.exists() else {"invocations": []}
@@ -489,6 +570,8 @@ def _record_invocation(
             "seconds": round(seconds, 3),
             "episodes_run": counts["ran"],
             "errored": counts["errored"],
+            "max_minutes": cfg.max_minutes,
+            "not_started": not_started,
             "concurrency": concurrency,
             "batching": cfg.batching,
             "batch": batch,

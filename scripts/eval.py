@@ -34,7 +34,7 @@ from simplan.core.io import check_output_folder
 from simplan.evaluation.folder_lock import check_unlocked
 from simplan.evaluation.report_data import load_run_data
 from simplan.evaluation.report_tables import arms_table
-from simplan.evaluation.runner import EvalConfig, errored_message, evaluate
+from simplan.evaluation.runner import EvalConfig, budget_message, errored_message, evaluate
 from simplan.inference.engines import EngineConfig, engine_from_config, is_merged
 from simplan.inference.engines.config import MODEL_FREE_KINDS
 from simplan.scripts.cli import command, usage_errors
@@ -69,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
         f"eval: {outcome.ran} episode(s) run in {outcome.seconds:.1f}s ({outcome.skipped} already done, "
         f"{outcome.errored} errored) of {outcome.planned}; batching {outcome.batch or 'off'}"
     )
+    cut = budget_message(outcome, eval_cfg.max_minutes)
+    if cut:
+        print(cut)
     run = load_run_data(outcome.out)
     if run.records:
         print(arms_table([run]).markdown())

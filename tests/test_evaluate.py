@@ -365,3 +365,71 @@ def test_an_interrupted_eval_says_the_same_command_resumes(tmp_path, monkeypatch
     err = capsys.readouterr().err
     assert f"interrupted; the finished episodes are kept in {out}, and the same command resumes" in err
     assert "Traceback" not in err and closed == [True]
+
+
+def _specs(games: dict[str, int], arms: list[str]) -> list:
+    """Task-major episode specs (as plan_episodes orders them) for `games`: name -> number of tasks."""
+    from simplan.envs.base import Task
+    from simplan.evaluation.runner import EpisodeSpec
+    from simplan.evaluation.suites import SuiteEntry
+
+    entry = SuiteEntry(env="twx")
+    specs = []
+    for game, n in games.items():
+        for t in range(n):
+            task = Task(env="twx", task_id=f"{game}-{t}", fold="dev", family=game)
+            for arm in arms:
+                specs.append(EpisodeSpec(entry, task, arm, 0, f"s/twx/{game}-{t}/{arm}/0", f"s/twx/{game}-{t}/0", 20))
+    return specs
+
+
+def test_budget_order_pairs_every_game_before_later_arms() -> None:
+    from simplan.evaluation.runner import budget_order
+
+    arms = ["reactive", "simplan", "simplan-oracle"]
+    order = [(s.task.task_id, s.arm) for s in budget_order(_specs({"coin": 2, "sorting": 3}, arms), arms)]
+    pairs = [t for t, arm in order if arm == "reactive"]
+    assert pairs == ["coin-0", "sorting-0", "coin-1", "sorting-1", "sorting-2"]  # the games in turn
+    assert order[:4] == [
+        ("coin-0", "reactive"),
+        ("coin-0", "simplan"),
+        ("sorting-0", "reactive"),
+        ("sorting-0", "simplan"),
+    ]
+    assert all(arm == "simplan-oracle" for _, arm in order[10:])  # the bound arm only after every pair
+    assert [t for t, _ in order[10:]] == pairs and len(order) == 15
+
+
+def test_time_budget_admits_only_the_partner_of_a_started_task_after_its_deadline() -> None:
+    from simplan.evaluation.runner import TimeBudget
+
+    arms = ["reactive", "simplan", "plan"]
+    specs = {(s.task.task_id, s.arm): s for s in _specs({"coin": 3}, arms)}
+    open_budget = TimeBudget(0.0, arms, set())  # 0: no budget
+    assert all(open_budget.admit(s) for s in specs.values()) and open_budget.refused == 0
+    budget = TimeBudget(10.0, arms, begun={"s/twx/coin-2/0"})  # coin-2's reactive finished in an earlier run
+    assert budget.admit(specs["coin-0", "reactive"])  # before the deadline anything starts
+    budget.deadline = time.perf_counter() - 1.0  # the deadline has passed
+    assert budget.admit(specs["coin-0", "simplan"])  # the pair of a started task completes
+    assert budget.admit(specs["coin-2", "simplan"])  # and so does a pair begun in an earlier run
+    assert not budget.admit(specs["coin-1", "reactive"])  # no new task starts
+    assert not budget.admit(specs["coin-0", "plan"])  # nor a later arm, even of a started task
+    assert budget.refused == 2
+
+
+def test_a_time_budget_stops_new_tasks_and_the_next_run_plays_the_rest(tmp_path) -> None:
+    from simplan.evaluation.report import write_report
+
+    arms = ["reactive", "simplan", "plan"]
+    # Every model call takes 0.1 s: the first task's episodes outlast the 0.2 s budget.
+    cut = evaluate(_cfg(tmp_path, arms=arms, max_minutes=0.2 / 60), greedy_engine(latency=0.1), concurrency=1)
+    assert cut.planned == 12 and cut.ran == 2 and cut.not_started == 10
+    assert sorted(r.summary.arm for r in load_run(cut.out)) == ["reactive", "simplan"]  # one complete pair
+    (inv,) = json.loads((cut.out / "run.json").read_text())["invocations"]
+    assert inv["not_started"] == 10 and inv["max_minutes"] == pytest.approx(0.2 / 60)
+    lead = (tmp_path / "report" / "report.md", write_report([cut.out], tmp_path / "report"))[0].read_text()
+    assert "2 of 12 planned episodes finished (the time budget (0.00333333 min) left the rest unstarted)" in lead
+    rest = evaluate(_cfg(tmp_path, arms=arms), greedy_engine(), concurrency=2)
+    assert rest.skipped == 2 and rest.ran == 10 and rest.not_started == 0
+    write_report([rest.out], tmp_path / "report")
+    assert "planned episodes finished" not in (tmp_path / "report" / "report.md").read_text()

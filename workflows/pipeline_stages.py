@@ -195,7 +195,7 @@ def upgrade_eval_stage_config(old: dict[str, Any]) -> dict[str, Any]:
 
 def run_eval(eval_cfg: EvalConfig, engine_cfg: EngineConfig) -> str:
     from simplan.evaluation.folder_lock import check_unlocked
-    from simplan.evaluation.runner import errored_message, evaluate
+    from simplan.evaluation.runner import budget_message, errored_message, evaluate
     from simplan.inference.engines import engine_from_config, is_merged
 
     check_unlocked(Path(eval_cfg.out))  # before minutes of engine loading; evaluate() holds the lock
@@ -214,6 +214,10 @@ def run_eval(eval_cfg: EvalConfig, engine_cfg: EngineConfig) -> str:
     crashed = errored_message(outcome)
     if crashed:  # not finished: no marker, so the report never runs on crashes and the next run retries them
         raise StageFailed(crashed)
+    cut = budget_message(outcome, eval_cfg.max_minutes)
+    if cut:  # finished within its budget: the report says how many tasks were paired
+        print(cut, flush=True)
+        return f"{outcome.planned - outcome.not_started} of {outcome.planned} episodes (time budget)"
     return f"{outcome.planned} episodes"
 
 
