@@ -22,9 +22,7 @@ from typing import Any
 
 from simplan.core.io import write_json, write_text
 from simplan.evaluation.judge_fit import Row, read_rows
-from simplan.inference.planning.outcomes import BAD, OutcomeJudge
-
-GOOD = ("progress", "won")
+from simplan.inference.planning.outcomes import BAD, GOOD, OutcomeJudge
 
 
 def picks(rows: list[Row], judge: OutcomeJudge) -> dict[str, list[Row]]:

@@ -46,6 +46,7 @@ from simplan.inference.engines.base import ScoreRequest, log_softmax
 from simplan.inference.planning.outcomes import (
     BAD,
     FEATURES,
+    GOOD,
     OUTCOME_JUDGE_FILE,
     OutcomeJudge,
     features,
@@ -260,7 +261,7 @@ def fit(rows: list[Row], precision: float, veto_on: str = "candidates") -> Outco
     veto, recall, reached = veto_threshold(bad, is_bad, precision)
     names = [f for f in FEATURES if f != "p_no_change"]  # the probabilities sum to 1: one is the reference
     x = np.array([[features(r.logprob, r.probs)[f] for f in names] for r in rows])
-    y = np.array([float(r.outcome in ("progress", "won") or (r.expert and r.outcome not in BAD)) for r in rows])
+    y = np.array([float(r.outcome in GOOD or (r.expert and r.outcome not in BAD)) for r in rows])
     w, b = fit_logistic(x, y)
     fitted = {
         "candidates": len(rows),

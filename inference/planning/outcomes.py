@@ -34,7 +34,8 @@ from simplan.data.outcomes import OUTCOMES
 from simplan.inference.engines.base import ScoreRequest, ScoreResult, softmax
 
 OUTCOME_JUDGE_FILE = "outcome_judge.json"
-BAD = ("lost", "error")
+BAD = ("lost", "error")  # what the veto guards against
+GOOD = ("progress", "won")  # what the fitted value learns to prefer (evaluation/judge_fit.py)
 FEATURES = ("logprob", *(f"p_{o}" for o in OUTCOMES))
 
 
