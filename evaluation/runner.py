@@ -534,7 +534,15 @@ def _run(
             bar.set_postfix_str(" ".join(f"{a}={w}/{n}" for a, (w, n) in wins.items() if n), refresh=False)
             bar.update(1)
 
-    run_in_slots(todo, play, record, all_slots, batcher, bar, admit=budget.admit)
+    def admit(spec: EpisodeSpec) -> bool:
+        if budget.admit(spec):
+            return True
+        if bar is not None:  # the bar ends at what the budget let start
+            bar.total -= 1
+            bar.set_description_str(f"eval {Path(cfg.out).name} ({budget.refused} not started: time budget)")
+        return False
+
+    run_in_slots(todo, play, record, all_slots, batcher, bar, admit=admit)
     seconds = time.perf_counter() - started
     batch = batcher.stats.to_dict() if batcher is not None else {}
     return _Tally(counts, errors, seconds, batch)

@@ -422,7 +422,8 @@ def test_a_time_budget_stops_new_tasks_and_the_next_run_plays_the_rest(tmp_path)
 
     arms = ["reactive", "simplan", "plan"]
     # Every model call takes 0.1 s: the first task's episodes outlast the 0.2 s budget.
-    cut = evaluate(_cfg(tmp_path, arms=arms, max_minutes=0.2 / 60), greedy_engine(latency=0.1), concurrency=1)
+    cut_cfg = _cfg(tmp_path, arms=arms, max_minutes=0.2 / 60, progress=True)  # the bar shrinks to what started
+    cut = evaluate(cut_cfg, greedy_engine(latency=0.1), concurrency=1)
     assert cut.planned == 12 and cut.ran == 2 and cut.not_started == 10
     assert sorted(r.summary.arm for r in load_run(cut.out)) == ["reactive", "simplan"]  # one complete pair
     (inv,) = json.loads((cut.out / "run.json").read_text())["invocations"]
