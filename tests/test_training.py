@@ -581,3 +581,18 @@ def test_max_minutes_stops_early_and_saves_the_adapter(tiny: Path, dataset_dir: 
     assert (out / "adapter" / "adapter_config.json").exists() and (out / "checkpoint-1").is_dir()
     with pytest.raises(ValueError, match="max_minutes"):
         TrainArguments(max_minutes=-1)
+
+
+def test_eval_loss_is_a_token_mean_whatever_the_eval_batch(tiny: Path, tmp_path: Path) -> None:
+    """Dev completions of 2 and ~30 tokens: a mean of per-batch means (the Trainer's) would move with the batch."""
+    rows = _rows(1)
+    long = dict(rows[1], completion="go east, then take the key from the floor and open the door with it " * 2)
+    dd = datasets.DatasetDict(
+        {"train": datasets.Dataset.from_list(_rows(2)), "dev": datasets.Dataset.from_list([rows[0], long])}
+    )
+    dd.save_to_disk(str(tmp_path / "ds"))
+    losses = []
+    for batch in (1, 2):
+        kw = dict(max_steps=1, eval_steps=0, save_steps=1000, per_device_eval_batch_size=batch)
+        losses.append(train(*_args(tiny, tmp_path / "ds", tmp_path / f"b{batch}", **kw)).metrics["eval_loss"])
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5), losses

@@ -154,7 +154,11 @@ def real_tokens(inputs: dict[str, torch.Tensor]) -> int:
 
 
 class SimplanTrainer(Trainer):
-    """transformers Trainer that computes the LM head at completion positions only and counts tokens."""
+    """transformers Trainer that computes the LM head at completion positions only and counts tokens.
+
+    Its eval loss is the mean over every labelled token of the eval set (the training loss's definition), not
+    the Trainer's mean of per-batch means, which moves with `per_device_eval_batch_size` when completions differ
+    in length (one simulator adapter: 0.754 at batch 8, 0.975 at batch 1)."""
 
     def __init__(self, *args: Any, completion_only_logits: bool = True, lm_head_chunk: int = 0, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -162,6 +166,7 @@ class SimplanTrainer(Trainer):
         self.lm_head_chunk = lm_head_chunk
         self.tokens_seen = 0  # non-padding tokens trained on by this process
         self._last_log = (time.perf_counter(), 0)
+        self._eval_sum = [0.0, 0]  # summed loss and labelled tokens of the evaluation running now
 
     def compute_loss(
         self,
@@ -174,12 +179,30 @@ class SimplanTrainer(Trainer):
             self.tokens_seen += real_tokens(inputs)
         if not self.completion_only_logits:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        if not model.training:  # evaluation: the batch's summed loss, counted toward the eval set's token mean
+            summed = completion_loss(model, inputs, 1, self.lm_head_chunk)
+            tokens = int((inputs["labels"][:, 1:] != IGNORE_INDEX).sum())
+            self._eval_sum[0] += float(summed.detach())
+            self._eval_sum[1] += tokens
+            loss = summed / max(tokens, 1)
+            return (loss, {"loss": loss}) if return_outputs else loss
         if not self.model_accepts_loss_kwargs:
             num_items_in_batch = None  # the Trainer then averages over gradient accumulation itself
         loss = completion_loss(model, inputs, num_items_in_batch, self.lm_head_chunk)
         if self.args.average_tokens_across_devices and num_items_in_batch is not None:
             loss = loss * self.accelerator.num_processes  # DDP averages gradients; undo it for a token mean
         return (loss, {"loss": loss}) if return_outputs else loss
+
+    def evaluation_loop(self, *args: Any, **kwargs: Any) -> Any:
+        """The Trainer's loop, its loss replaced by the token mean over the whole eval set (every process's)."""
+        self._eval_sum = [0.0, 0]
+        output = super().evaluation_loop(*args, **kwargs)
+        prefix = kwargs.get("metric_key_prefix", args[4] if len(args) > 4 else "eval")
+        totals = torch.tensor(self._eval_sum, dtype=torch.float64, device=self.args.device)
+        summed, tokens = self.accelerator.reduce(totals, reduction="sum").tolist()
+        if tokens > 0 and f"{prefix}_loss" in output.metrics:
+            output.metrics[f"{prefix}_loss"] = summed / tokens
+        return output
 
     def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
         if "loss" in logs:
