@@ -256,30 +256,26 @@ def budget_order(specs: list[EpisodeSpec], arms: list[str]) -> list[EpisodeSpec]
     second, ...), so a run cut short holds complete pairs from every game."""
     compared = set(arms[:COMPARED_ARMS])
     games: dict[tuple[int, str], int] = {}  # (suite entry, family) -> its index
-    turns: dict[str, int] = {}  # task (fault key) -> its position within its game
-    seen: Counter[tuple[int, str]] = Counter()
+    place: dict[str, tuple[int, int]] = {}  # task (fault key) -> (its position within its game, the game's index)
+    seen: Counter[int] = Counter()
     for s in specs:
-        game = (id(s.entry), s.task.family)
-        games.setdefault(game, len(games))
-        if s.fault_key not in turns:
-            turns[s.fault_key] = seen[game]
+        if s.fault_key not in place:
+            game = games.setdefault((id(s.entry), s.task.family), len(games))
+            place[s.fault_key] = (seen[game], game)
             seen[game] += 1
-
-    def key(item: tuple[int, EpisodeSpec]) -> tuple[int, int, int, int]:
-        i, s = item
-        return (s.arm not in compared, turns[s.fault_key], games[(id(s.entry), s.task.family)], i)
-
-    return [s for _, s in sorted(enumerate(specs), key=key)]
+    order = sorted(range(len(specs)), key=lambda i: (specs[i].arm not in compared, *place[specs[i].fault_key], i))
+    return [specs[i] for i in order]
 
 
 class TimeBudget:
     """Which episodes may still start under `EvalConfig.max_minutes`: any before the deadline; after it, only a
-    compared arm of a task whose other compared arm started (so pairs complete); the rest are counted."""
+    compared arm of a task whose other compared arm started (so pairs complete); the rest are counted.
+    `finished`: the episodes an earlier run finished (their tasks count as begun)."""
 
-    def __init__(self, minutes: float, arms: list[str], begun: set[str]) -> None:
+    def __init__(self, minutes: float, arms: list[str], finished: list[EpisodeSpec]) -> None:
         self.deadline = time.perf_counter() + 60.0 * minutes if minutes > 0 else None
         self.compared = set(arms[:COMPARED_ARMS])
-        self.begun = set(begun)  # tasks (fault keys) with a compared arm started or finished
+        self.begun = {s.fault_key for s in finished if s.arm in self.compared}  # tasks with a compared arm begun
         self.refused = 0
         self._lock = threading.Lock()
 
@@ -400,8 +396,7 @@ def _evaluate_locked(
     if cfg.max_minutes:
         todo = budget_order(todo, cfg.arms)
     left = {s.episode_id for s in todo}
-    begun = {s.fault_key for s in specs if s.episode_id not in left and s.arm in cfg.arms[:COMPARED_ARMS]}
-    budget = TimeBudget(cfg.max_minutes, cfg.arms, begun)
+    budget = TimeBudget(cfg.max_minutes, cfg.arms, [s for s in specs if s.episode_id not in left])
     tally = _run(cfg, out, engine, todo, configs, first_slot, concurrency, len(specs), skipped, budget)
     _record_invocation(out, cfg, concurrency, tally.seconds, tally.counts, tally.batch, engine_info, budget.refused)
     return EvalOutcome(

@@ -405,9 +405,9 @@ def test_time_budget_admits_only_the_partner_of_a_started_task_after_its_deadlin
 
     arms = ["reactive", "simplan", "plan"]
     specs = {(s.task.task_id, s.arm): s for s in _specs({"coin": 3}, arms)}
-    open_budget = TimeBudget(0.0, arms, set())  # 0: no budget
+    open_budget = TimeBudget(0.0, arms, [])  # 0: no budget
     assert all(open_budget.admit(s) for s in specs.values()) and open_budget.refused == 0
-    budget = TimeBudget(10.0, arms, begun={"s/twx/coin-2/0"})  # coin-2's reactive finished in an earlier run
+    budget = TimeBudget(10.0, arms, finished=[specs["coin-2", "reactive"]])  # finished in an earlier run
     assert budget.admit(specs["coin-0", "reactive"])  # before the deadline anything starts
     budget.deadline = time.perf_counter() - 1.0  # the deadline has passed
     assert budget.admit(specs["coin-0", "simplan"])  # the pair of a started task completes
