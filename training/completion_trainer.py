@@ -47,7 +47,7 @@ def completion_loss(
     """
     labels = inputs["labels"]
     shift_labels = labels[:, 1:]
-    valid = shift_labels != IGNORE_INDEX
+    valid = labelled_positions(labels)
     model_inputs = {k: v for k, v in inputs.items() if k != "labels"}
     head = _unwrap(model).get_output_embeddings()
     if lm_head_chunk > 0 and not head.weight.requires_grad and not _scales_logits(_unwrap(model).config):
@@ -74,6 +74,16 @@ def completion_loss(
     if torch.is_tensor(num_items_in_batch):
         num_items_in_batch = num_items_in_batch.to(loss.device)
     return loss / num_items_in_batch
+
+
+def labelled_positions(labels: torch.Tensor) -> torch.Tensor:
+    """Where a next-token label is predicted: [B, T-1] booleans over the shifted labels."""
+    return labels[:, 1:] != IGNORE_INDEX
+
+
+def labelled_tokens(labels: torch.Tensor) -> int:
+    """How many tokens a batch's loss is over (the denominator of its token mean)."""
+    return int(labelled_positions(labels).sum())
 
 
 class ChunkedHeadLoss(torch.autograd.Function):
@@ -180,8 +190,8 @@ class SimplanTrainer(Trainer):
         if not self.completion_only_logits:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         if not model.training:  # evaluation: the batch's summed loss, counted toward the eval set's token mean
-            summed = completion_loss(model, inputs, 1, self.lm_head_chunk)
-            tokens = int((inputs["labels"][:, 1:] != IGNORE_INDEX).sum())
+            summed = completion_loss(model, inputs, 1, self.lm_head_chunk)  # divided by 1: the sum
+            tokens = labelled_tokens(inputs["labels"])
             self._eval_sum[0] += float(summed.detach())
             self._eval_sum[1] += tokens
             loss = summed / max(tokens, 1)
