@@ -6,16 +6,19 @@ test's `with start_server(...)` then stops its server, as on Ctrl-C), and every 
 running when pytest finishes is stopped. `shop_on_path` puts the example plugin env
 (examples/simplan-shop, `simplan_shop.env:ShopEnv`) on sys.path without installing it. Merged models
 (engines merge by default on the CPU) go to a session tmp folder ($SIMPLAN_MERGE_CACHE), not the user's cache.
+`bench_script(name)` imports a script of bench/ (not a package) as a module.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 import os
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -78,3 +81,17 @@ def shop_on_path(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     rules_of_env.cache_clear()  # a test before this one may have cached "shop" as unknown
     yield
     rules_of_env.cache_clear()
+
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+@pytest.fixture
+def bench_script(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], ModuleType]:
+    """Import bench/NAME.py as a module: bench/ goes on sys.path for the test."""
+
+    def load(name: str) -> ModuleType:
+        monkeypatch.syspath_prepend(str(BENCH))
+        return importlib.import_module(name)
+
+    return load

@@ -14,15 +14,10 @@ import pytest
 from simplan.evaluation.judge_fit import Row
 from simplan.inference.planning.outcomes import OutcomeJudge
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
-
 
 @pytest.fixture
-def bench(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.syspath_prepend(str(BENCH))
-    import bench_judge_rerank
-
-    return bench_judge_rerank
+def bench(bench_script):
+    return bench_script("bench_judge_rerank")
 
 
 def probs(lost: float, progress: float) -> dict[str, float]:

@@ -14,15 +14,10 @@ import pytest
 from simplan.inference.planning.trace import EpisodeTrace, append_trace
 from simplan.inference.planning.trace_events import CandidateRecord, EndEvent, ImagineEvent
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
-
 
 @pytest.fixture
-def bench(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.syspath_prepend(str(BENCH))
-    import oracle_overrides
-
-    return oracle_overrides
+def bench(bench_script):
+    return bench_script("oracle_overrides")
 
 
 def decision(top: dict[str, float], chosen: dict[str, float] | None) -> ImagineEvent:

@@ -13,15 +13,10 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("trl")
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
-
 
 @pytest.fixture
-def bench(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.syspath_prepend(str(BENCH))
-    import bench_train
-
-    return bench_train
+def bench(bench_script):
+    return bench_script("bench_train")
 
 
 def test_each_labelled_run_is_one_supervised_action(bench) -> None:
