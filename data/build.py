@@ -123,6 +123,14 @@ class BuildConfig:
             "(`simplan counterfactuals`) become extra branches behind their state (data/build_branches.py)"
         },
     )
+    notes: bool = field(
+        default=False,
+        metadata={
+            "help": "decider, conversation format: each user turn shows its step's notes (the pivot notes collection "
+            "records after a failed step and the planner writes on every pivot); the adapter then makes the planner "
+            "show its notes too. false: notes stay in the data and traces only"
+        },
+    )
     no_change_per_state: int = field(
         default=2,
         metadata={"help": "outcomes: alternatives that change nothing kept per state (every other class is kept)"},
@@ -218,6 +226,8 @@ class BuildConfig:
             raise ValueError(
                 "outcomes: needs --format conversation (the planner scores outcome lines of conversations)"
             )
+        if self.notes and self.format != "conversation":
+            raise ValueError("notes: needs --format conversation (a step prompt has no per-turn notes)")
         if self.no_change_per_state < 0:
             raise ValueError(f"no_change_per_state: must be >= 0, got {self.no_change_per_state}")
         self.settings()  # validates the prompt settings (window overlap, reserve) here, naming the field
@@ -234,6 +244,7 @@ class BuildConfig:
             max_history=self.max_history,
             verdicts=self.verdicts and self.role == "simulator",  # a decider's replies are actions
             outcomes=self.outcomes and self.role == "simulator",
+            notes=self.notes and self.role == "decider",  # the simulator's user turns are actions
         )
 
 

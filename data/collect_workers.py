@@ -39,6 +39,7 @@ from simplan.data.recorder import EpisodeSpec, Recorder, jsonable
 from simplan.data.trajectory import Trajectory
 from simplan.envs import registry
 from simplan.envs.base import Env
+from simplan.envs.failures import FailureRules
 from simplan.envs.limits import main_module_hidden
 from simplan.envs.registry import make_env
 
@@ -72,7 +73,7 @@ def run_episode(env: Env, spec: EpisodeSpec, cfg: CollectConfig) -> EpisodeOutco
     t0 = time.perf_counter()
     rec: Recorder | None = None
     try:
-        rec = Recorder(env, spec, meta)
+        rec = Recorder(env, spec, meta, notes=FailureRules.for_env(env))
         plain_expert = spec.policy == "expert" and not spec.attempt.startswith(("branch", "lose"))
         expert = make_expert(env, rec, cfg, needs_path=not plain_expert)
         rec.traj.meta["expert"] = expert.kind

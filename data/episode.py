@@ -91,6 +91,10 @@ class PromptSettings:
     # Simulator: every reply opens with its outcome line (data/format.py OUTCOME_MARKER: error, no change,
     # progress, won, lost), which the planner scores per class instead of generating text. Replaces verdicts.
     outcomes: bool = False
+    # Decider: each user turn shows the notes of its turn (Turn.notes: the pivot notes the planner writes and
+    # collection records, data/format.py pivot_note). False where the key is missing: an adapter trained before it
+    # never saw them, and the planner's notes stay in its traces only.
+    notes: bool = False
 
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
@@ -98,11 +102,13 @@ class PromptSettings:
         for name, low in (("budget", 1), ("reserve", 0), ("overlap", 0), ("max_failures", 0), ("max_history", 0)):
             if getattr(self, name) is not None and getattr(self, name) < low:
                 raise ValueError(f"{name}: must be >= {low}, got {getattr(self, name)!r}")
-        for name in ("verdicts", "outcomes"):
+        for name in ("verdicts", "outcomes", "notes"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}: must be true or false, got {getattr(self, name)!r}")
         if self.verdicts and self.outcomes:
             raise ValueError("verdicts and outcomes: choose one; an outcome line says won or lost already")
+        if self.notes and self.format != "conversation":
+            raise ValueError("notes: needs format conversation (a step prompt has no per-turn notes)")
         if self.format == "conversation" and self.reserve >= self.budget:
             raise ValueError(f"reserve: {self.reserve} leaves nothing of the budget {self.budget}")
 
@@ -367,7 +373,8 @@ class ConversationRenderer:
             parts.append(SECTION_NEW_TOOLS.format(tools=render_tools(turn.tools)))
         if self.settings.show_valid and turn.valid_actions:
             parts.append(SECTION_VALID.format(actions=" | ".join(turn.valid_actions)))
-        parts += [SECTION_NOTE.format(note=n) for n in turn.notes]
+        if self.settings.notes:
+            parts += [SECTION_NOTE.format(note=n) for n in turn.notes]
         return "\n\n".join(parts)
 
     def simulator_reply(self, turn: Turn) -> str:

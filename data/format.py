@@ -149,6 +149,44 @@ def failure_note(action: Action | str, observation: str, max_chars: int = 160) -
     return f"{text} -> {obs}"
 
 
+def pivot_note(
+    rules: Sequence[str],
+    action: str,
+    seen: str | None = None,
+    expected: str | None = None,
+    failure: str | None = None,
+    banned: bool = False,
+    max_chars: int = 80,
+) -> str:
+    """The note a pivot leaves for the next decision (Turn.notes, shown when PromptSettings.notes): the rules that
+    fired at `action` (rendered), what was expected and what was seen (each cut to `max_chars`), the failure's
+    class and whether the action is now banned in that state. One text for the planner (inference/planning/
+    planner.py) and collection (data/recorder.py), so a decider trained on notes reads the planner's own.
+
+        pivot error_observation at order(item='kettle'): saw 'Sold out.' (failure: replan)
+        pivot expectation_mismatch at go east: expected 'Room 2.', saw 'A wall.'
+    """
+
+    def clip(text: str) -> str:
+        text = " ".join(text.split())
+        return repr(text if len(text) <= max_chars else text[: max_chars - 3] + "...")
+
+    said = [f"expected {clip(expected)}"] if expected is not None else []
+    said += [f"saw {clip(seen)}"] if seen is not None else []
+    note = f"pivot {'+'.join(rules)} at {action}" + (": " + ", ".join(said) if said else "")
+    extra = ([f"failure: {failure}"] if failure else []) + (["banned here"] if banned else [])
+    return note + (f" ({'; '.join(extra)})" if extra else "")
+
+
+ERROR_RULE = "error_observation"  # the pivot rule of a failed action (inference/planning/pivots.py)
+
+
+def failed_step_note(action: str, observation: str, failure: str) -> str:
+    """The note after a failed step whose failure is not transient, written by every planning arm and by
+    collection alike (a transient failure is retried, not noted): the error rule's pivot note."""
+    return pivot_note([ERROR_RULE], action, seen=observation, failure=failure)
+
+
 DEFAULT_MAX_FAILURES = 5  # failure-memory lines a prompt shows (most recent distinct ones)
 DEFAULT_MAX_HISTORY = 8  # recent steps a prompt shows before the token budget trims further
 

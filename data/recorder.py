@@ -12,6 +12,10 @@ when an observation brings a new goal (a BFCL user turn, a TWX recipe or map the
 `info["tools"]` holds the new list. `Recorder.note` records an action that never reached the env, and
 `branch_record` splits off-path steps into a record of their own (simulator data only). Collection
 (data/collect.py, data/policies.py) and trace harvesting (`simplan traces`) record through it.
+
+Given the env's failure rules (`notes=`, as collection does), a step that failed for good (not transiently)
+leaves the planner's note of a failed step (data/format.py failed_step_note) in the next step's `notes`, the
+note every planning arm writes there; harvesting copies the traced notes instead.
 """
 
 from __future__ import annotations
@@ -20,8 +24,11 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any
 
+from simplan.data.format import failed_step_note
 from simplan.data.trajectory import Step, Trajectory
+from simplan.envs.actions import render_action
 from simplan.envs.base import Action, Env, StepResult, Task
+from simplan.envs.failures import FailureRules
 
 
 @dataclass(frozen=True)
@@ -53,8 +60,9 @@ def jsonable(value: Any) -> Any:
 class Recorder:
     """Plays actions in an env and records them as Steps of one Trajectory (a continuous real run)."""
 
-    def __init__(self, env: Env, spec: EpisodeSpec, meta: dict[str, Any]) -> None:
-        self.env, self.spec = env, spec
+    def __init__(self, env: Env, spec: EpisodeSpec, meta: dict[str, Any], notes: FailureRules | None = None) -> None:
+        self.env, self.spec, self.notes = env, spec, notes
+        self.pending: list[str] = []  # the notes of the next step (shown with the current observation)
         self.env_steps = 0
         self.obs = env.reset(spec.task)
         self.last: StepResult | None = None
@@ -105,10 +113,20 @@ class Recorder:
                 valid_actions=list(before.valid_actions) if before.valid_actions is not None else None,
                 source=source,
                 info=info,
+                notes=self.pending,
             )
         )
         self.obs, self.last = obs, result
+        self.pending = self._notes_after(action, obs.text, bool(obs.error))
         return result
+
+    def _notes_after(self, action: Action, observation: str, flagged: bool) -> list[str]:
+        """The notes a step leaves for the next one: a failure the env flagged, unless transient, gets the failed
+        step's note (the planner's condition, inference/planning/planner.py `_act`)."""
+        cls = self.notes.failure_class(observation, True) if self.notes is not None and flagged else None
+        if cls is None or cls == "transient":
+            return []
+        return [failed_step_note(render_action(action), observation, cls)]
 
     def note(self, action: Action, text: str, source: str) -> None:
         """Record an action that never reached the env (an injected transient fault, evaluation/faults.py): it
@@ -124,9 +142,11 @@ class Recorder:
                 error=True,
                 valid_actions=list(before.valid_actions) if before.valid_actions is not None else None,
                 source=source,
+                notes=self.pending,
             )
         )
         self.obs = replace(before, text=text, error=True)
+        self.pending = []  # a fault the env never ran is transient: retried, not noted
 
     def restore(self, keep: int) -> bool:
         """Reset and replay the first `keep` recorded actions; the replayed steps replace the record.
@@ -138,7 +158,7 @@ class Recorder:
         matched = self.obs.text == self.traj.initial_observation
         self.traj.initial_observation = self.obs.text
         self.traj.steps = []
-        self.last = None
+        self.last, self.pending = None, []
         for step in old:
             self.act(step.action, step.source)
             matched = matched and self.steps[-1].next_observation == step.next_observation

@@ -203,6 +203,7 @@ def replay(env: Env, trace: EpisodeTrace, sources: list[str], meta: dict[str, An
             if act.fault is None and not exact(seen, act.observation):
                 raise ReplayMismatch(f"step {act.step} ({act.action!r}): the env returned {seen[:80]!r} this time")
         rec.steps[-1].expectation = act.expectation
+        rec.steps[-1].notes = list(act.notes)  # the notes the planner showed, byte for byte
     end = trace.end
     traj = rec.finish()
     traj.success, traj.final_score = bool(end.success), float(end.score)

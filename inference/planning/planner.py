@@ -24,6 +24,9 @@ The loop, from the real state, until the env ends the episode or a budget does:
    again, with no model call, note, ban or replan, up to `pivot_rules.max_transient_retries` times, then
    counts as permanent; a replan one (sold out) is noted and replanned but not banned; a permanent one is
    noted and banned.
+   Every pivot leaves a note in the episode state (data/format.py pivot_note: the rules, expected vs seen, a ban),
+   and every arm notes a failed step as collection records it; a decider trained with notes
+   (PromptSettings.notes) reads them in its next prompts, and the act events trace them either way.
 4. Finish: only the env's `done`/`won` ends an episode as success or failure; budgets end it otherwise. A
    `finish` is judged like any action: one the env's verdict (`accepts()` for the real state, its
    `accept_patterns` on a predicted outcome) calls premature is penalised.
@@ -42,9 +45,12 @@ from simplan.core.errors import InputError
 from simplan.core.text import normalize
 from simplan.data.episode import EpisodeState
 from simplan.data.format import (
+    ERROR_RULE,
     Messages,
     chat_token_counter,
+    failed_step_note,
     failure_note,
+    pivot_note,
 )
 from simplan.data.outcomes import classify_outcome
 from simplan.envs.actions import render_action
@@ -330,6 +336,17 @@ class Planner:
             for k in keys:
                 ep.bans.setdefault(k, set()).add(item.action.key())
             banned = [render_action(item.action)]
+        # The pivot's note for the next decision (the failed step's note is written by _act, in every arm).
+        if others := [n for n in names if n != ERROR_RULE]:
+            ep.state.note(
+                pivot_note(
+                    others,
+                    render_action(item.action),
+                    seen=ep.obs.text if acted is not None else None,
+                    expected=item.expectation if acted is not None else None,
+                    banned=bool(banned),
+                )
+            )
         if "budget_nearly_exhausted" in names:
             ep.degraded = ep.degraded or "budget nearly exhausted"
         dropped = len(queue)
@@ -421,6 +438,7 @@ class Planner:
                 done=bool(result.done),
                 won=bool(result.won),
                 source=item.source,
+                notes=list(ep.state.current.notes),
                 fault=str(fault) if fault is not None else None,
                 model_calls=m.calls - ep.calls_at_last_act,
                 prompt_tokens=m.prompt_tokens - ep.prompt_at_last_act,
@@ -462,6 +480,7 @@ class Planner:
         # is one to retry, not to avoid, until its retries are spent.
         if cls is not None and cls != "transient":
             self._remember_failure(ep, item.action)
+            ep.state.note(failed_step_note(render_action(item.action), obs.text, cls))  # as collection records
         return result
 
     def _failure_class(self, ep: EpisodeRun, obs: Observation) -> str | None:

@@ -11,7 +11,8 @@ taken so far).
                    it cost, cache hits, the decider's margin and the router's route (simulate / react)
     commit         the plan queue: actions with their expectations (predicted observations)
     act            one real step: action, real observation, expectation and the verdict predicted with it
-                   (won / lost, from the env oracle or a simulator trained with verdicts), match score,
+                   (won / lost, from the env oracle or a simulator trained with verdicts), the notes shown
+                   with the observation it was decided from, match score,
                    error flag, reward, score, source (plan / reactive / fallback), model calls and tokens
                    spent since the previous act, env seconds
     pivot          rule, severity, evidence, and whether it fired or was only counted (a warning)
@@ -44,7 +45,8 @@ from simplan.core.config import flatten, upgrade_keys
 # The format's versions, each a change a reader would see (`upgrade` reads every older one as today's):
 #   2: act events record expected_verdict
 #   3: start events hold the planner config in sections
-TRACE_VERSION = 3
+#   4: act events record the notes (pivot notes, data/format.py pivot_note) shown with their observation
+TRACE_VERSION = 4
 END_STATUSES = ("success", "failed", "budget_steps", "budget_replans", "budget_tokens", "budget_time", "errored")
 ACT_SOURCES = ("plan", "reactive", "fallback")
 SEVERITIES = ("warning", "error")
@@ -161,6 +163,7 @@ class ActEvent(TraceEvent):
     done: bool = False
     won: bool = False
     source: str = "plan"  # plan | reactive | fallback
+    notes: list[str] = field(default_factory=list)  # shown with the observation the action was decided from
     fault: str | None = None  # set by a fault-injecting env wrapper (info["fault"])
     model_calls: int = 0  # engine calls since the previous act
     prompt_tokens: int = 0
