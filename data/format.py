@@ -152,28 +152,24 @@ def failure_note(action: Action | str, observation: str, max_chars: int = 160) -
 def pivot_note(
     rules: Sequence[str],
     action: str,
-    seen: str | None = None,
     expected: str | None = None,
     failure: str | None = None,
     banned: bool = False,
     max_chars: int = 80,
 ) -> str:
     """The note a pivot leaves for the next decision (Turn.notes, shown when PromptSettings.notes): the rules that
-    fired at `action` (rendered), what was expected and what was seen (each cut to `max_chars`), the failure's
-    class and whether the action is now banned in that state. One text for the planner (inference/planning/
-    planner.py) and collection (data/recorder.py), so a decider trained on notes reads the planner's own.
+    fired at `action` (rendered), what was expected of it (cut to `max_chars`), the failure's class and whether the
+    action is now banned in that state. What was seen is the observation the note is shown with, so the note does
+    not repeat it. One text for the planner (inference/planning/planner.py) and collection (data/recorder.py), so a
+    decider trained on notes reads the planner's own.
 
-        pivot error_observation at order(item='kettle'): saw 'Sold out.' (failure: replan)
-        pivot expectation_mismatch at go east: expected 'Room 2.', saw 'A wall.'
+        pivot error_observation at order(item='kettle') (failure: replan)
+        pivot expectation_mismatch at go east: expected 'Room 2.' (banned here)
     """
-
-    def clip(text: str) -> str:
-        text = " ".join(text.split())
-        return repr(text if len(text) <= max_chars else text[: max_chars - 3] + "...")
-
-    said = [f"expected {clip(expected)}"] if expected is not None else []
-    said += [f"saw {clip(seen)}"] if seen is not None else []
-    note = f"pivot {'+'.join(rules)} at {action}" + (": " + ", ".join(said) if said else "")
+    note = f"pivot {'+'.join(rules)} at {action}"
+    if expected is not None:
+        text = " ".join(expected.split())
+        note += f": expected {text if len(text) <= max_chars else text[: max_chars - 3] + '...'!r}"
     extra = ([f"failure: {failure}"] if failure else []) + (["banned here"] if banned else [])
     return note + (f" ({'; '.join(extra)})" if extra else "")
 
@@ -181,10 +177,10 @@ def pivot_note(
 ERROR_RULE = "error_observation"  # the pivot rule of a failed action (inference/planning/pivots.py)
 
 
-def failed_step_note(action: str, observation: str, failure: str) -> str:
+def failed_step_note(action: str, failure: str) -> str:
     """The note after a failed step whose failure is not transient, written by every planning arm and by
     collection alike (a transient failure is retried, not noted): the error rule's pivot note."""
-    return pivot_note([ERROR_RULE], action, seen=observation, failure=failure)
+    return pivot_note([ERROR_RULE], action, failure=failure)
 
 
 DEFAULT_MAX_FAILURES = 5  # failure-memory lines a prompt shows (most recent distinct ones)

@@ -126,7 +126,7 @@ class Recorder:
         cls = self.notes.failure_class(observation, True) if self.notes is not None and flagged else None
         if cls is None or cls == "transient":
             return []
-        return [failed_step_note(render_action(action), observation, cls)]
+        return [failed_step_note(render_action(action), cls)]
 
     def note(self, action: Action, text: str, source: str) -> None:
         """Record an action that never reached the env (an injected transient fault, evaluation/faults.py): it

@@ -69,17 +69,12 @@ def _planner(engine, cfg: PlannerConfig, tok, env=None) -> Planner:
     return planner
 
 
-def test_a_note_says_the_rules_what_was_expected_and_seen_and_the_ban():
-    long = "x " * 100
-    note = pivot_note(
-        ["expectation_mismatch", "repeated_action"], "go east", seen=long, expected="Room 2.", banned=True
-    )
-    assert note.startswith("pivot expectation_mismatch+repeated_action at go east: expected 'Room 2.', saw 'x x")
-    assert note.endswith("...' (banned here)") and len(note) < 200
+def test_a_note_says_the_rules_what_was_expected_and_the_ban():
+    note = pivot_note(["expectation_mismatch", "repeated_action"], "go east", expected="x " * 100, banned=True)
+    assert note.startswith("pivot expectation_mismatch+repeated_action at go east: expected 'x x x")
+    assert note.endswith("...' (banned here)") and "x " * 40 not in note  # cut to 80 characters
     assert pivot_note(["not_valid_now"], "go north") == "pivot not_valid_now at go north"
-    assert failed_step_note("open door", "The door\nis locked.", "permanent") == (
-        "pivot error_observation at open door: saw 'The door is locked.' (failure: permanent)"
-    )
+    assert failed_step_note("open door", "permanent") == "pivot error_observation at open door (failure: permanent)"
 
 
 def test_collection_notes_each_failed_step_as_the_planner_does(tmp_path):
@@ -88,7 +83,7 @@ def test_collection_notes_each_failed_step_as_the_planner_does(tmp_path):
     for traj in trajs:
         assert traj.steps[0].notes == []
         for before, step in zip(traj.steps, traj.steps[1:]):
-            want = [failed_step_note(render_action(before.action), before.next_observation, "permanent")]
+            want = [failed_step_note(render_action(before.action), "permanent")]
             assert step.notes == (want if before.error else [])
             noted += bool(step.notes)
     assert noted >= 3, "noisy experts should fail some steps"
@@ -134,7 +129,7 @@ def test_a_pivots_note_reaches_the_next_prompt_and_the_harvested_trajectory(tok)
     assert result.summary.success
     acts = result.trace.of_type("act")
     first = acts[0]
-    note = pivot_note(["expectation_mismatch"], first.action, seen=first.observation, expected=WRONG)
+    note = pivot_note(["expectation_mismatch"], first.action, expected=WRONG)
     assert acts[1].notes[0] == note
     replan = result.trace.of_type("replan")[0]
     assert replan.step == 1 and replan.reason == "expectation_mismatch"

@@ -24,7 +24,7 @@ The loop, from the real state, until the env ends the episode or a budget does:
    again, with no model call, note, ban or replan, up to `pivot_rules.max_transient_retries` times, then
    counts as permanent; a replan one (sold out) is noted and replanned but not banned; a permanent one is
    noted and banned.
-   Every pivot leaves a note in the episode state (data/format.py pivot_note: the rules, expected vs seen, a ban),
+   Every pivot leaves a note in the episode state (data/format.py pivot_note: the rules, what was expected, a ban),
    and every arm notes a failed step as collection records it; a decider trained with notes
    (PromptSettings.notes) reads them in its next prompts, and the act events trace them either way.
 4. Finish: only the env's `done`/`won` ends an episode as success or failure; budgets end it otherwise. A
@@ -342,7 +342,6 @@ class Planner:
                 pivot_note(
                     others,
                     render_action(item.action),
-                    seen=ep.obs.text if acted is not None else None,
                     expected=item.expectation if acted is not None else None,
                     banned=bool(banned),
                 )
@@ -480,7 +479,7 @@ class Planner:
         # is one to retry, not to avoid, until its retries are spent.
         if cls is not None and cls != "transient":
             self._remember_failure(ep, item.action)
-            ep.state.note(failed_step_note(render_action(item.action), obs.text, cls))  # as collection records
+            ep.state.note(failed_step_note(render_action(item.action), cls))  # as collection records
         return result
 
     def _failure_class(self, ep: EpisodeRun, obs: Observation) -> str | None:
