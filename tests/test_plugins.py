@@ -102,6 +102,22 @@ def test_shop_503_is_transient_and_stock_can_sell_out(shop_on_path: None) -> Non
     assert ordered.observation.error and "sold out" in ordered.observation.text  # ... gone when ordered
 
 
+def test_shop_without_acceptance_declarations_leaves_finish_unjudged(shop_on_path: None) -> None:
+    """`declare_acceptance: false` (a suite's env_kwargs) removes the verdicts the judge reads on a finish."""
+    from simplan_shop.env import ShopEnv
+
+    from simplan.envs.failures import env_patterns
+
+    env = make_env(SPEC, declare_acceptance=False)
+    assert env_extra(env, "accepts") is None and env_patterns(env, "accept_patterns", ()) == []
+    declared = make_env(SPEC)
+    assert callable(env_extra(declared, "accepts")) and env_patterns(declared, "accept_patterns", ())
+    assert ShopEnv.accept_patterns  # the class keeps its declarations
+    task = env.tasks("dev")[0]
+    env.reset(task)
+    assert env.step(Action(kind="finish")).done and not env.unwrapped._won  # finish() still ends it as it stands
+
+
 # ---------------------------------------------------------------------------------------------
 # Model-free engines and the eval start-up
 # ---------------------------------------------------------------------------------------------

@@ -20,7 +20,8 @@ variant after "sold out"), so it recovers from whatever a noisy step or an injec
 
 Failure classes (envs/base.py EnvDefaults): a 503 is transient (retry the same call), a sold-out item
 changes the plan (replan); `finish()` is accepted only once the order is shipped (`accepts`, and
-`accept_patterns` for a predicted finish outcome).
+`accept_patterns` for a predicted finish outcome); `ShopEnv(declare_acceptance=False)` declares neither
+(`--env_kwargs '{declare_acceptance: false}'`), to measure an env that leaves a premature finish to the planner.
 """
 
 from __future__ import annotations
@@ -92,8 +93,13 @@ class ShopEnv(EnvDefaults):
     replan_patterns = (r"\bsold out\b", r"\bout of stock\b", r"\bonly \d+ in stock\b")
     accept_patterns = (r'"shipped": true',)
 
-    def __init__(self) -> None:
+    def __init__(self, declare_acceptance: bool = True) -> None:
+        """`declare_acceptance=False`: the shop without `accepts` and `accept_patterns`, as a user's first plugin
+        often is, to measure what the planner does about a premature `finish()` with no env verdict to read."""
         self._task: Task | None = None
+        if not declare_acceptance:
+            self.accepts = None  # type: ignore[assignment]  (the EnvDefaults default: no verdict)
+            self.accept_patterns = ()
 
     def tasks(self, fold: str, families: list[str] | None = None, limit: int | None = None) -> list[Task]:
         if fold not in FOLD_SEEDS:
