@@ -174,7 +174,7 @@ def pivot_note(
     return note + (f" ({'; '.join(extra)})" if extra else "")
 
 
-ERROR_RULE = "error_observation"  # the pivot rule of a failed action (inference/planning/pivots.py)
+ERROR_RULE = "error_observation"  # the pivot rule of a failed action (inference/planning/pivots.py ErrorObservation)
 
 
 def failed_step_note(action: str, failure: str) -> str:

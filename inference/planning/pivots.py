@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from simplan.core.text import SIMILARITIES, normalize, similarity
+from simplan.data.format import ERROR_RULE
 from simplan.envs.failures import FailureRules, looks_like_error
 from simplan.inference.engines.base import cosine
 from simplan.inference.planning.trace_events import SEVERITIES, PivotEvent
@@ -110,7 +111,7 @@ class ErrorObservation:
 
     patterns: Sequence[re.Pattern[str]] | None = None  # None: envs/failures.py DEFAULT_ERROR_PATTERNS
     severity: str = "error"
-    name: str = "error_observation"
+    name: str = ERROR_RULE
 
     def __post_init__(self) -> None:
         _check_severity(self.severity)

@@ -102,8 +102,8 @@ from simplan.inference.planning.trace import (
 
 # Pivot rules whose firing means the last action itself went wrong: its note goes to the failure
 # memory, the judge down-weights it, and it is banned in the state where it failed.
-FAILURE_RULES = ("error_observation", "repeated_action", "score_drop", "no_progress")
-BAN_RULES = ("error_observation", "repeated_action")
+FAILURE_RULES = (ERROR_RULE, "repeated_action", "score_drop", "no_progress")
+BAN_RULES = (ERROR_RULE, "repeated_action")
 NOT_VALID_NOW = "not_valid_now"  # checked before acting, not by the monitor: see Planner._not_valid_now
 
 
