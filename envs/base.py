@@ -19,7 +19,10 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from simplan.envs.subgoals import Fact, SubGoal
 
 ActionKind = Literal["command", "tool_call", "answer", "finish"]
 ACTION_KINDS: tuple[str, ...] = ("command", "tool_call", "answer", "finish")
@@ -196,6 +199,15 @@ class EnvDefaults:
     #: None when it has nothing more to do. It must not change the env and may be called more than once in a
     #: state. Collection and `envs check` use it instead of `expert_plan` when it is set (data/policies.py).
     expert_action: Callable[[Observation], Action | None] | None = None
+    #: `subgoals(goal) -> list[SubGoal]` (envs/subgoals.py): the goal's steps in the order they are met, each the
+    #: conditions one record of the belief state must satisfy (the shop: an order of the product in the asked
+    #: quantity, then that order shipped). The planner checks every action against the first unmet one before
+    #: it runs (PlannerConfig.subgoals). None: not provided.
+    subgoals: Callable[[str], list[SubGoal]] | None = None
+    #: `facts(action, observation, error) -> list[Fact]` (envs/subgoals.py): what a step told about the world, as
+    #: records keyed by an id (the shop: an order's item, qty and shipped); with `observation=None`, the record
+    #: the call would write (its arguments), so that a call is checked before it runs. None: not provided.
+    facts: Callable[[Action, str | None, bool], list[Fact]] | None = None
 
 
 EXTRAS: tuple[str, ...] = (
@@ -209,6 +221,8 @@ EXTRAS: tuple[str, ...] = (
     "accept_patterns",
     "accepts",
     "expert_action",
+    "subgoals",
+    "facts",
 )
 PATTERN_EXTRAS: tuple[str, ...] = (
     "error_patterns",

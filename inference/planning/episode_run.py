@@ -4,7 +4,8 @@
     run.past, run.records, run.bans, run.memory, run.state       # real steps, as pivots, judge and prompts see them
 
 `state` is the conversation so far (data/episode.py EpisodeState), the same state training prompts are built
-from; the other fields are the loop's own bookkeeping: bans per real state, the failure memory, replans and
+from; `subgoals` the env's sub-goals with the belief state they are checked on (subgoals.py); the other fields
+are the loop's own bookkeeping: bans per real state, the failure memory, replans and
 pivots, token and time meters. `Queued` is one planned action with its expectation; `EpisodeResult` what
 `Planner.run` returns.
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from simplan.core.text import normalize
 from simplan.data.episode import EpisodeState
@@ -24,6 +25,9 @@ from simplan.inference.planning.judge import JudgeMemory
 from simplan.inference.planning.pivots import StepRecord
 from simplan.inference.planning.router import Budgets
 from simplan.inference.planning.trace import EpisodeSummary, EpisodeTrace
+
+if TYPE_CHECKING:
+    from simplan.inference.planning.subgoals import SubgoalTracker
 
 
 def digest_key(*parts: Any) -> str:
@@ -63,6 +67,7 @@ class EpisodeRun:
     seen_valid: list[str] = field(default_factory=list)  # valid actions seen so far, first-seen order
     state: EpisodeState | None = None  # the conversation so far (conversation format; data/episode.py)
     memory: JudgeMemory = field(default_factory=JudgeMemory)
+    subgoals: SubgoalTracker | None = None  # the env's sub-goals and the belief (PlannerConfig.subgoals)
     score: float = 0.0
     replans: int = 0
     pivots: int = 0

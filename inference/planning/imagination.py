@@ -6,8 +6,9 @@
 
 One decision, as the planning loop (planner.py) calls it when its queue is empty:
 1. Propose: the decider scores the valid actions when the env lists them (`engine.score`, all of them ranked)
-   or samples n=K, constrained to the valid actions or to the tool-call syntax; the router (router.py) sets
-   how deep to imagine (0: take the top action without a simulator call).
+   or samples n=K, constrained to the valid actions or to the tool-call syntax; with `subgoals` on, the env's
+   sub-goals screen them (subgoals.py: a call that contradicts the first unmet one is repaired or goes last);
+   the router (router.py) sets how deep to imagine (0: take the top action without a simulator call).
 2. Roll out: each of the K candidates is rolled out H steps, the simulator predicting each observation and
    the decider choosing the next action; all K candidates of a depth go in ONE engine call per role, and
    predictions are cached by (state, action) with the simulator's confidence (mean token logprob). With
@@ -111,6 +112,10 @@ class Imagination:
         allowed = self.planner._allowed(ep)
         root = self._prompt_state(ep, [], ep.obs.text, allowed)
         ranked, margin, how, fallback = self.propose(ep, root, allowed)
+        if ep.subgoals is not None and not fallback:  # the env's sub-goals screen the proposals (subgoals.py)
+            ranked, screened = ep.subgoals.screen(ranked)
+            if screened is not None:
+                ep.trace.add(screened, step=ep.steps)
         proposals, spare = ranked[: b.k], ranked[b.k :]
         decision_prompt, decision_cached = ep.meter.prompt_tokens - p0, ep.meter.cached_tokens - cached0
         decision_candidates = ep.meter.candidate_tokens - cand0

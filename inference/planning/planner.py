@@ -24,6 +24,9 @@ The loop, from the real state, until the env ends the episode or a budget does:
    again, with no model call, note, ban or replan, up to `pivot_rules.max_transient_retries` times, then
    counts as permanent; a replan one (sold out) is noted and replanned but not banned; a permanent one is
    noted and banned.
+   With `subgoals` on and an env that declares them (envs/subgoals.py), a queued action that contradicts the
+   first unmet sub-goal is the pivot `subgoal_violation` before it runs (a decision's proposals are screened
+   against it in imagination.py), and each real step's facts update the belief they are checked on.
    Every pivot leaves a note in the episode state (data/format.py pivot_note: the rules, what was expected, a ban),
    and every arm notes a failed step as collection records it; a decider trained with notes
    (PromptSettings.notes) reads them in its next prompts, and the act events trace them either way.
@@ -89,6 +92,7 @@ from simplan.inference.planning.pivots import (
 from simplan.inference.planning.prompt_fit import PromptFitter, approx_token_counter, locked
 from simplan.inference.planning.prompts import PlannerPrompts
 from simplan.inference.planning.router import Router, load_simulator_accuracy
+from simplan.inference.planning.subgoals import SubgoalTracker
 from simplan.inference.planning.trace import (
     ActEvent,
     EndEvent,
@@ -213,6 +217,8 @@ class Planner:
         ep = EpisodeRun(task, budgets, trace, meter, obs, obs.goal, env_seconds=env_seconds)
         ep.state = EpisodeState.start(obs.goal, obs.text, obs.tools, obs.valid_actions)
         self._note_valid(ep, obs)
+        if error is None and cfg.subgoals:
+            ep.subgoals = SubgoalTracker.start(self.env, obs.goal)
         if error is None:
             try:
                 status, won = self._loop(ep)
@@ -244,6 +250,7 @@ class Planner:
                 env_seconds=round(ep.env_seconds, 6),
                 engine_seconds=round(m.seconds, 6),
                 error=error,
+                unmet=ep.subgoals.unmet_names() if ep.subgoals is not None else None,
             ),
             step=ep.steps,
         )
@@ -268,13 +275,14 @@ class Planner:
                 queue.extend(self.imagination(ep))
                 ep.planning_seconds += time.perf_counter() - t
             item = queue.popleft()
-            if monitor is not None and not fresh and (event := self._not_valid_now(ep, item)):
-                # Cheaper than failing for real: the env already says the plan went off course.
-                ep.trace.add(event, step=ep.steps)
-                queue.appendleft(item)  # dropped with the rest of the plan
-                if stop := self._pivot(ep, [event], item, None, queue, monitor):
-                    return stop, False
-                continue
+            if monitor is not None and not fresh:
+                if (event := self._not_valid_now(ep, item) or self._violates(ep, item)) is not None:
+                    # Cheaper than failing for real: the env (or its sub-goals) already says the plan went off course.
+                    ep.trace.add(event, step=ep.steps)
+                    queue.appendleft(item)  # dropped with the rest of the plan
+                    if stop := self._pivot(ep, [event], item, None, queue, monitor):
+                        return stop, False
+                    continue
             before_key = state_key(ep.obs)
             result = self._act(ep, item)
             if result.done:
@@ -403,6 +411,11 @@ class Planner:
             fired=True,
         )
 
+    def _violates(self, ep: EpisodeRun, item: Queued) -> PivotEvent | None:
+        """Pivot `subgoal_violation` (error): a queued action contradicts the first unmet sub-goal (subgoals.py).
+        A decision's first action was screened already; the rest of its plan was chosen in imagined states."""
+        return ep.subgoals.violation(item.action) if ep.subgoals is not None else None
+
     def _act(self, ep: EpisodeRun, item: Queued) -> StepResult:
         t = time.perf_counter()
         result = self.env.step(item.action)
@@ -470,6 +483,8 @@ class Planner:
             outcome=outcome,  # what a simulator trained with outcome lines reads in its history, as in training
         )
         ep.obs = obs
+        if ep.subgoals is not None and (change := ep.subgoals.observe(item.action, obs.text, error)) is not None:
+            ep.trace.add(change, step=ep.steps)
         if obs.goal:  # a BFCL user turn, what a TWX agent read: as in the training data
             ep.goal = obs.goal
         self._note_valid(ep, obs)

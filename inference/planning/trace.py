@@ -48,6 +48,7 @@ from simplan.inference.planning.trace_events import (
     PlanItem,
     ReplanEvent,
     StartEvent,
+    SubgoalEvent,
     TraceEvent,
     TraceVersionError,
     upgrade,
@@ -465,9 +466,16 @@ def format_event(e: TraceEvent) -> str:
         return f"[replan {e.replans}/{e.budget}] {e.reason}; dropped {e.dropped}{note}"
     if isinstance(e, ParseFailureEvent):
         return f"[parse failure] {e.role}: {e.text!r} ({e.reason}); {e.handled}"
+    if isinstance(e, SubgoalEvent):
+        if e.check == "step":
+            left = f"; next: {e.subgoal}" if e.subgoal else "; every sub-goal met"
+            return f"[sub-goal] met {', '.join(e.met)}{left}"
+        fixes = "".join(f"\n  repaired: {a} -> {b}" for a, b in e.repaired.items())
+        return f"[sub-goal] {e.subgoal}: {', '.join(e.actions)} fail {'; '.join(e.rejected)}; first now {e.top}{fixes}"
     if isinstance(e, EndEvent):
+        unmet = f" unmet: {', '.join(e.unmet)}" if e.unmet else ""
         return (
             f"[end] {e.status} success={e.success} score={e.score:g} steps={e.steps} replans={e.replans} "
-            f"calls={e.model_calls} tokens={e.prompt_tokens + e.completion_tokens} wall={e.wall_seconds:.2f}s"
+            f"calls={e.model_calls} tokens={e.prompt_tokens + e.completion_tokens} wall={e.wall_seconds:.2f}s{unmet}"
         )
     return json.dumps(e.to_dict())

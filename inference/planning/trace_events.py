@@ -46,7 +46,9 @@ from simplan.core.config import flatten, upgrade_keys
 #   2: act events record expected_verdict
 #   3: start events hold the planner config in sections
 #   4: act events record the notes (pivot notes, data/format.py pivot_note) shown with their observation
-TRACE_VERSION = 4
+#   5: subgoal events (the env's sub-goals screened a decision or were met by a step); end events record the
+#      sub-goals still unmet
+TRACE_VERSION = 5
 END_STATUSES = ("success", "failed", "budget_steps", "budget_replans", "budget_tokens", "budget_time", "errored")
 ACT_SOURCES = ("plan", "reactive", "fallback")
 SEVERITIES = ("warning", "error")
@@ -203,6 +205,22 @@ class ParseFailureEvent(TraceEvent):
 
 
 @dataclass
+class SubgoalEvent(TraceEvent):
+    """The env's sub-goals at work (inference/planning/subgoals.py): a decision's proposals screened against the
+    first unmet one (`check` "screen"), or a real step that met sub-goals ("step")."""
+
+    type: ClassVar[str] = "subgoal"
+    check: str = "screen"  # screen | step
+    subgoal: str = ""  # the first unmet sub-goal (after the step, for "step"; "" when every one is met)
+    unmet: list[str] = field(default_factory=list)
+    met: list[str] = field(default_factory=list)  # step: the sub-goals this step met
+    actions: list[str] = field(default_factory=list)  # screen: the proposals that contradict it; step: the action
+    rejected: list[str] = field(default_factory=list)  # screen: the conditions they fail
+    repaired: dict[str, str] = field(default_factory=dict)  # screen: proposal -> the call under the conditions
+    top: str | None = None  # screen: the decision's first proposal after screening
+
+
+@dataclass
 class EndEvent(TraceEvent):
     type: ClassVar[str] = "end"
     status: str = "failed"  # one of END_STATUSES
@@ -221,6 +239,7 @@ class EndEvent(TraceEvent):
     env_seconds: float = 0.0
     engine_seconds: float = 0.0  # all engine calls (planning and reactive)
     error: str | None = None  # message when status is "errored"
+    unmet: list[str] | None = None  # the env's sub-goals still unmet (None: none declared, or not tracked)
 
 
 EVENT_TYPES: dict[str, type[TraceEvent]] = {
@@ -233,6 +252,7 @@ EVENT_TYPES: dict[str, type[TraceEvent]] = {
         PivotEvent,
         ReplanEvent,
         ParseFailureEvent,
+        SubgoalEvent,
         EndEvent,
     )
 }

@@ -20,8 +20,10 @@ variant after "sold out"), so it recovers from whatever a noisy step or an injec
 
 Failure classes (envs/base.py EnvDefaults): a 503 is transient (retry the same call), a sold-out item
 changes the plan (replan); `finish()` is accepted only once the order is shipped (`accepts`, and
-`accept_patterns` for a predicted finish outcome); `ShopEnv(declare_acceptance=False)` declares neither
-(`--env_kwargs '{declare_acceptance: false}'`), to measure an env that leaves a premature finish to the planner.
+`accept_patterns` for a predicted finish outcome). Sub-goals (`subgoals`, over the orders `facts` reads from
+the tools' results): an order of the product in the asked quantity, then that order shipped.
+`ShopEnv(declare_acceptance=False)` declares none of these (`--env_kwargs '{declare_acceptance: false}'`), to
+measure an env that leaves a premature finish to the planner.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from typing import Any
 
 from simplan.envs.actions import parse_tool_call
 from simplan.envs.base import Action, EnvDefaults, Observation, StepResult, Task
+from simplan.envs.subgoals import Condition, Fact, SubGoal
 
 # dev has 60 tasks (19-22 per family; 50 with a 503, 28 with a sell-out) so that a paired evaluation on at least
 # 40 of them (recipes/suites/shop-dev-faults.yaml) can tell arms apart.
@@ -100,6 +103,7 @@ class ShopEnv(EnvDefaults):
         if not declare_acceptance:
             self.accepts = None  # type: ignore[assignment]  (the EnvDefaults default: no verdict)
             self.accept_patterns = ()
+            self.subgoals = None  # type: ignore[assignment]
 
     def tasks(self, fold: str, families: list[str] | None = None, limit: int | None = None) -> list[Task]:
         if fold not in FOLD_SEEDS:
@@ -208,6 +212,39 @@ class ShopEnv(EnvDefaults):
     def accepts(self) -> bool:
         """The goal is met: an order of the requested product and quantity is shipped."""
         return self._won
+
+    def subgoals(self, goal: str) -> list[SubGoal]:
+        """The goal's two steps: an order of one of the product's variants in the asked quantity, then that
+        order shipped (records of `orders`, written by `facts`)."""
+        if self._task is None:
+            raise RuntimeError("ShopEnv.subgoals called before reset")
+        product, qty = self._s["product"], self._s["qty"]
+        order = (Condition("item", "startswith", f"{product}-"), Condition("qty", "==", qty))
+        return [
+            SubGoal(f"order {qty} {product}", "orders", order),
+            SubGoal(f"ship the order of {qty} {product}", "orders", (*order, Condition("shipped", "==", True))),
+        ]
+
+    def facts(self, action: Action, observation: str | None, error: bool) -> list[Fact]:
+        """An order placed (its item and qty) or shipped, keyed by order id; with `observation=None`, the order
+        or shipment the call would make. Nothing from a failed call or any other tool."""
+        if action.kind != "tool_call" or action.name not in ("order", "ship") or error:
+            return []
+        args = action.arguments
+        if observation is None:  # the call's intent
+            if action.name == "order":
+                return [Fact("orders", None, {"item": args.get("item"), "qty": args.get("qty"), "shipped": False})]
+            return [Fact("orders", str(args.get("order_id")), {"shipped": True})]
+        try:
+            result = json.loads(observation)
+        except ValueError:
+            return []
+        if not isinstance(result, dict) or "error" in result or "order_id" not in result:
+            return []
+        if action.name == "order":
+            fields = {"item": result.get("item"), "qty": result.get("qty"), "shipped": False}
+            return [Fact("orders", str(result["order_id"]), fields)]
+        return [Fact("orders", str(result["order_id"]), {"shipped": bool(result.get("shipped"))})]
 
     def expert_action(self, observation: Observation) -> Action | None:
         """The next call of an expert that knows only what the tools answered: ship a placed order of the

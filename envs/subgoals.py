@@ -1,0 +1,136 @@
+"""Sub-goals with acceptance checks, over a belief state of facts the env extracts from each step.
+
+    from simplan.envs.subgoals import Belief, Condition, Fact, SubGoal
+    goals = [SubGoal("ordered", "orders", (Condition("item", "startswith", "kettle-"), Condition("qty", "==", 2)))]
+    belief = Belief()
+    belief.add([Fact("orders", "A001", {"item": "kettle-steel", "qty": 1})])   # what a real step told
+    unmet(goals, belief)                                        # [the "ordered" sub-goal]: qty is 1, not 2
+    contradicted(goals[0], belief.merged([Fact("orders", None, {"item": "kettle-glass", "qty": 1})]))
+
+An env declares both halves (envs/base.py EnvDefaults): `subgoals(goal)`, the goal's sub-goals in the order they
+are met, each a collection of the belief and the conditions one record of it must satisfy; and
+`facts(action, observation, error)`, what a step tells about the world, as records of collections keyed by an
+id (a tool's result by call: the shop's orders). With `observation=None` the env says what the call *intends*
+(its arguments as the record it would write), so a call can be checked before it runs.
+
+A sub-goal is met when one record of its collection satisfies every condition. A record *contradicts* a
+sub-goal when it sets a field that a condition rejects: ordering 2 kettles contradicts "order 1 kettle", and so
+does shipping an order of 2. The planner (inference/planning/subgoals.py) keeps the belief, traces which
+sub-goals are met, and checks each action against the first unmet one before it runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+OPS: tuple[str, ...] = ("==", "!=", "in", "startswith", ">=", "<=")
+
+
+@dataclass(frozen=True)
+class Condition:
+    """One machine-checkable test of a record's field: `field op value` (OPS)."""
+
+    field: str
+    op: str
+    value: Any
+
+    def __post_init__(self) -> None:
+        if self.op not in OPS:
+            raise ValueError(f"condition on {self.field!r}: operator {self.op!r} is not one of {', '.join(OPS)}")
+
+    def holds(self, record: dict[str, Any]) -> bool:
+        """Whether the record satisfies the condition (a record without the field does not)."""
+        if self.field not in record:
+            return False
+        x, v = record[self.field], self.value
+        try:
+            if self.op == "==":
+                return bool(x == v)
+            if self.op == "!=":
+                return bool(x != v)
+            if self.op == "in":
+                return x in v
+            if self.op == "startswith":
+                return isinstance(x, str) and x.startswith(str(v))
+            if self.op == ">=":
+                return bool(x >= v)
+            return bool(x <= v)
+        except TypeError:  # a value of another type (a string quantity) does not satisfy an order
+            return False
+
+    def describe(self) -> str:
+        return f"{self.field} {self.op} {self.value!r}"
+
+
+@dataclass(frozen=True)
+class SubGoal:
+    """A step toward the goal: some record of `collection` satisfies every condition."""
+
+    name: str
+    collection: str
+    conditions: tuple[Condition, ...] = ()
+
+    def met_by(self, record: dict[str, Any]) -> bool:
+        return all(c.holds(record) for c in self.conditions)
+
+    def met(self, belief: Belief) -> bool:
+        return any(self.met_by(r) for r in belief.records(self.collection))
+
+    def rejected(self, record: dict[str, Any]) -> list[Condition]:
+        """The conditions on fields the record sets that it fails (those on fields it lacks are not judged)."""
+        return [c for c in self.conditions if c.field in record and not c.holds(record)]
+
+    def describe(self) -> str:
+        return f"{self.name}: a {self.collection} record with " + " and ".join(c.describe() for c in self.conditions)
+
+
+@dataclass(frozen=True)
+class Fact:
+    """Fields of one record of a collection; `key` None: a new record (its id not known yet)."""
+
+    collection: str
+    key: str | None
+    fields: dict[str, Any]
+
+
+@dataclass
+class Belief:
+    """What the agent knows as facts: records by collection and key, updated with each real step's facts."""
+
+    collections: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+
+    def add(self, facts: Iterable[Fact]) -> None:
+        for fact in facts:
+            records = self.collections.setdefault(fact.collection, {})
+            key = fact.key if fact.key is not None else f"#{len(records) + 1}"
+            records.setdefault(key, {}).update(fact.fields)
+
+    def records(self, collection: str) -> list[dict[str, Any]]:
+        return list(self.collections.get(collection, {}).values())
+
+    def merged(self, facts: Iterable[Fact]) -> list[tuple[str, dict[str, Any]]]:
+        """Each fact's record as it would stand after the fact: (collection, the existing record updated)."""
+        out = []
+        for fact in facts:
+            existing = self.collections.get(fact.collection, {}).get(fact.key or "", {})
+            out.append((fact.collection, {**existing, **fact.fields}))
+        return out
+
+    def to_dict(self) -> dict[str, dict[str, dict[str, Any]]]:
+        return {c: {k: dict(r) for k, r in records.items()} for c, records in self.collections.items()}
+
+
+def unmet(goals: Iterable[SubGoal], belief: Belief) -> list[SubGoal]:
+    """The sub-goals no record meets yet, in their order."""
+    return [g for g in goals if not g.met(belief)]
+
+
+def contradicted(goal: SubGoal, records: Iterable[tuple[str, dict[str, Any]]]) -> list[Condition]:
+    """The conditions of `goal` that records of its collection (`Belief.merged`'s pairs) reject."""
+    out: list[Condition] = []
+    for collection, record in records:
+        if collection == goal.collection:
+            out += [c for c in goal.rejected(record) if c not in out]
+    return out
