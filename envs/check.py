@@ -28,7 +28,10 @@ function below, run in this order by `check_env`, later ones reading what earlie
 - optional attributes (`envs.base.EnvDefaults`): where the adapter sets them, `description` is a str,
   `families` a list or tuple of str that holds every listed task's family, the pattern lists
   (`error_patterns`, `progress_patterns`, `transient_patterns`, `replan_patterns`, `accept_patterns`)
-  regexes that compile, `step_timeout` None or seconds >= 0, `accepts` and `expert_action` None or callable.
+  regexes that compile, `step_timeout` None or seconds >= 0, `accepts`, `expert_action`, `subgoals` and `facts`
+  None or callable;
+- sub-goals: where the adapter declares `subgoals` and `facts` (both or neither), the expert on the expert
+  check's sample never takes a call the first unmet sub-goal rejects, and meets every sub-goal when it wins.
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ from simplan.envs.base import (
     expert_policy,
     missing_from_complete_list,
 )
+from simplan.envs.subgoals import Belief, first_unmet_rejects, unmet
 
 INVALID_COMMAND = "xyzzy frobnicate"
 INVALID_TOOL = "xyzzy_frobnicate"
@@ -370,6 +374,48 @@ def check_expert(ctx: CheckContext) -> str:
     return f"{won}/{len(sample)} won ({per_family}){note}"
 
 
+def check_subgoals(ctx: CheckContext) -> str:
+    """The env's sub-goals agree with its expert: on the expert check's sample of train tasks, the expert never
+    takes a call that the first unmet sub-goal rejects, and every sub-goal is met when it wins."""
+    env = ctx.env
+    declare, facts = env_extra(env, "subgoals"), env_extra(env, "facts")
+    if declare is None and facts is None:
+        return "none declared"
+    _require(callable(declare) and callable(facts), "subgoals and facts go together: declare both, or neither")
+    by_family: dict[str, list[Task]] = {}
+    for t in ctx.listed.get("train", []):
+        by_family.setdefault(t.family, []).append(t)
+    sample = [t for fam in by_family.values() for t in _spread(fam, ctx.fold_sample)]
+    _require(bool(sample), "needs train tasks, which failed")
+    problems: list[str] = []
+    met = 0
+    for task in sample:
+        obs = env.reset(task)
+        goals = list(declare(obs.goal))
+        belief = Belief()
+        policy = expert_policy(env)
+        plan = [] if policy is not None else env.expert_plan()
+        last: StepResult | None = None
+        for i in range(MAX_POLICY_STEPS):
+            action = policy(obs) if policy is not None else (plan[i] if i < len(plan) else None)
+            if action is None:
+                break
+            rejected = first_unmet_rejects(goals, belief, facts(action, None, False))
+            if rejected:
+                problems.append(f"{task.task_id} step {i}: {action.key()!r} fails {rejected[0].describe()}")
+            last = env.step(action)
+            obs = last.observation
+            belief.add(facts(action, obs.text, bool(obs.error)))
+            if last.done:
+                break
+        left = unmet(goals, belief)
+        if last is not None and last.won and left:
+            problems.append(f"{task.task_id}: won with {left[0].name!r} unmet")
+        met += len(goals) - len(left)
+    _require(not problems, f"the sub-goals disagree with the expert: {', '.join(problems[:3])}")
+    return f"the expert meets {met} sub-goals on {len(sample)} tasks and contradicts none"
+
+
 def check_after_done(ctx: CheckContext) -> str:
     env = ctx.env
     _require(ctx.last_won is not None, "needs an episode the expert won, which the expert check did not produce")
@@ -404,7 +450,7 @@ def check_extras(ctx: CheckContext) -> str:
     if families:
         unlisted = sorted({t.family for ts in ctx.listed.values() for t in ts} - set(families))
         _require(not unlisted, f"tasks have families {unlisted} that `families` does not list")
-    for name in ("accepts", "expert_action"):
+    for name in ("accepts", "expert_action", "subgoals", "facts"):
         hook = env_extra(env, name)
         _require(hook is None or callable(hook), f"{name} must be None or a method, got {hook!r}")
     for name in PATTERN_EXTRAS:
@@ -445,6 +491,7 @@ def check_env(
         (f"expert success (train, {fold_sample}/family)", check_expert),
         ("step after done", check_after_done),
         ("optional attributes", check_extras),
+        ("sub-goals", check_subgoals),
     ]
     for name, check in checks:
         _run(report, name, functools.partial(check, ctx))

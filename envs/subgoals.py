@@ -134,3 +134,10 @@ def contradicted(goal: SubGoal, records: Iterable[tuple[str, dict[str, Any]]]) -
         if collection == goal.collection:
             out += [c for c in goal.rejected(record) if c not in out]
     return out
+
+
+def first_unmet_rejects(goals: Iterable[SubGoal], belief: Belief, intended: Iterable[Fact]) -> list[Condition]:
+    """The conditions of the first unmet sub-goal that a call's intended facts (`facts(action, None, False)`)
+    reject, as the planner checks a call before it runs; [] when every sub-goal is met."""
+    pending = unmet(goals, belief)
+    return contradicted(pending[0], belief.merged(intended)) if pending else []

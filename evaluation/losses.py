@@ -21,6 +21,9 @@ The classes, checked in this order (the first that applies wins, so each loss co
     budget          ended by the time, token or replan budget (budget_time, budget_tokens, budget_replans)
     other           anything else (e.g. status "failed" with the game still running)
 
+Where the env declares sub-goals (envs/subgoals.py), the evidence ends with those still unmet at the end:
+where the episode stood when it was lost.
+
 Parse failures come before loop because a decider that cannot be parsed falls back to the same
 action again and again: the loop is then a symptom, not the cause.
 """
@@ -77,6 +80,8 @@ def classify_loss(trace: EpisodeTrace, rules: LossRules = LossRules()) -> Loss |
     if end is None or end.success:
         return None
     label, evidence = _classify(trace, end.status, rules)
+    if end.unmet:  # where it stood: the env's sub-goals it had not met (inference/planning/subgoals.py)
+        evidence += f"; unmet: {', '.join(end.unmet)}"
     family = str((trace.task or {}).get("family", ""))
     return Loss(trace.episode_id, trace.arm, family, label, evidence)
 

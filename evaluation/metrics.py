@@ -38,6 +38,11 @@ oracle or a simulator trained with them: `verdict_episodes`; the rest count in n
     candidates_predicted_lost  per decision, candidates' distinct first actions whose first step was predicted
                         lost; lost_candidates_avoided: of those, not the action the decision took
 
+Sub-goals (trace.EpisodeSummary; the env's sub-goals, with PlannerConfig.subgoals on):
+    subgoal_screens     decisions with a proposal that contradicted the first unmet sub-goal; subgoal_repairs:
+                        proposals decoded again with the value a condition names
+    unmet_episodes      episodes that ended with a sub-goal unmet, of subgoal_episodes (those that tracked them)
+
 Transient failures and finishes (`RetryAccount`, from the act events; issue 20's tool-calling envs):
     transient_failures  real actions that failed transiently: an injected transient fault (fault ==
                         "transient") or an error observation matching the env's `transient_patterns`
@@ -339,6 +344,10 @@ class GroupMetrics:
     verdict_false_alarms: int | None = None
     candidates_predicted_lost: int = 0
     lost_candidates_avoided: int = 0
+    subgoal_screens: int = 0
+    subgoal_repairs: int = 0
+    subgoal_episodes: int = 0
+    unmet_episodes: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -394,8 +403,10 @@ def group_metrics(arm: str, family: str, records: list[EpisodeRecord]) -> GroupM
     m.sim_exact = sum(s.sim_exact for s in ss)
     m.sim_accuracy = m.sim_exact / m.sim_predictions if m.sim_predictions else None
     routes = ("simulated_decisions", "reactive_decisions", "routed_reactive", "simulated_tokens", "reactive_tokens")
-    for name in routes:
+    for name in (*routes, "subgoal_screens", "subgoal_repairs"):
         setattr(m, name, sum(getattr(s, name) for s in ss))
+    tracked = [s for s in ss if s.subgoals_unmet is not None]
+    m.subgoal_episodes, m.unmet_episodes = len(tracked), sum(bool(s.subgoals_unmet) for s in tracked)
     lost = Counter(r.loss.label for r in records if r.loss is not None)
     m.losses = {label: lost[label] for label in LOSS_CLASSES if lost[label]}
     prompt_step_metrics(m, records)

@@ -52,6 +52,7 @@ from simplan.evaluation.report_tables import (
     reasons_table,
     retry_table,
     runs_table,
+    subgoal_table,
     verdict_table,
 )
 
@@ -122,6 +123,9 @@ def write_report(
     retries = retry_table(runs)
     if retries is not None:
         main.append(retries)
+    goals = subgoal_table(runs)
+    if goals is not None:
+        main.append(goals)
     verdicts = verdict_table(runs)
     if verdicts is not None:
         main.append(verdicts)

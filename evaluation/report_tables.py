@@ -353,6 +353,33 @@ def retry_table(runs: list[RunData]) -> Table | None:
     )
 
 
+def subgoal_table(runs: list[RunData]) -> Table | None:
+    """The env's sub-goals at work per arm, for the runs that tracked them (PlannerConfig.subgoals with an env that
+    declares them); None when no run did."""
+    rows = [
+        [
+            r.name,
+            m.arm,
+            str(m.subgoal_screens),
+            str(m.subgoal_repairs),
+            f"{m.unmet_episodes}/{m.subgoal_episodes}",
+        ]
+        for r in runs
+        if any(m.subgoal_episodes for m in r.arms)
+        for m in r.arms
+    ]
+    if not rows:
+        return None
+    return Table(
+        "Sub-goals",
+        ["run", "arm", "decisions screened", "calls repaired", "episodes ending with a sub-goal unmet / tracked"],
+        rows,
+        "A decision is screened when one of the decider's proposals contradicts the first unmet sub-goal the env "
+        "declares (inference/planning/subgoals.py); a call is repaired when it is decoded again with the value an "
+        "equality condition names (the other contradicting proposals go after the rest).",
+    )
+
+
 def of_count(part: int | None, whole: int | None) -> str:
     """'part/whole [share]', '-' when unknown."""
     if part is None or whole is None:

@@ -147,6 +147,7 @@ def _run(arm: str, subgoals: bool, **planner):
 
 
 def test_the_planner_repairs_the_shortcut_order_and_wins(shop_on_path):
+    assert PlannerConfig(arm="reactive").subgoals and PlannerConfig(arm="simplan").subgoals  # on in every arm
     off, off_events = _run("reactive", subgoals=False)
     assert not off.summary.success
     assert [e.action for e in off_events if e.type == "act"][-2:] == ["ship(order_id='A001')", "finish()"]
@@ -163,6 +164,16 @@ def test_the_planner_repairs_the_shortcut_order_and_wins(shop_on_path):
     steps = [e.met for e in events if isinstance(e, SubgoalEvent) and e.check == "step"]
     assert steps == [["order 1 kettle"], ["ship the order of 1 kettle"]]
     assert next(e for e in events if isinstance(e, EndEvent)).unmet == []
+    assert (on.summary.subgoal_screens, on.summary.subgoal_repairs, on.summary.subgoals_unmet) == (1, 1, 0)
+    assert (off.summary.subgoal_screens, off.summary.subgoals_unmet) == (0, None)
+    # A lost episode that tracked them says where it stood (evaluation/losses.py), and the report counts them.
+    from simplan.evaluation.losses import classify_loss
+    from simplan.evaluation.metrics import episode_record, group_metrics
+
+    stuck, _ = _run("reactive", subgoals=True, budgets={"max_steps": 2})
+    assert classify_loss(stuck.trace).evidence.endswith("; unmet: order 1 kettle, ship the order of 1 kettle")
+    m = group_metrics("reactive", "", [episode_record(on.trace), episode_record(stuck.trace)])
+    assert (m.subgoal_screens, m.subgoal_repairs, m.subgoal_episodes, m.unmet_episodes) == (1, 1, 2, 1)
 
 
 def test_a_queued_call_that_contradicts_the_subgoal_is_a_pivot_before_it_runs(shop_on_path):
@@ -176,3 +187,48 @@ def test_a_queued_call_that_contradicts_the_subgoal_is_a_pivot_before_it_runs(sh
     assert pivots[0].step == 2 and acts[2].action == "order(item='kettle-steel', qty=1)"
     replan = next(e for e in events if e.type == "replan")
     assert replan.reason == SUBGOAL_VIOLATION
+
+
+def test_envs_check_holds_the_subgoals_to_the_expert(shop_on_path):
+    from simplan_shop.env import ShopEnv
+
+    from simplan.envs.check import check_env
+    from simplan.envs.toy import ToyEnv
+
+    def result(env) -> tuple[bool, str]:  # noqa: ANN001
+        report = check_env(env, fold_sample=1, progress=False)
+        row = next(r for r in report.results if r.name == "sub-goals")
+        return row.passed, row.message
+
+    assert result(ShopEnv()) == (True, "the expert meets 6 sub-goals on 3 tasks and contradicts none")
+    assert result(ToyEnv()) == (True, "none declared")
+
+    class OffByOne(ShopEnv):  # sub-goals that ask for one more than the task does
+        def subgoals(self, goal):  # noqa: ANN001, ANN201
+            return [SubGoal(g.name, g.collection, (*g.conditions[:1], Condition("qty", "==", self._s["qty"] + 1)))
+                    for g in super().subgoals(goal)]  # fmt: skip
+
+    ok, message = result(OffByOne())
+    assert not ok and "the sub-goals disagree with the expert" in message and "fails qty ==" in message
+
+    class Half(ShopEnv):
+        facts = None
+
+    ok, message = result(Half())
+    assert not ok and "declare both, or neither" in message
+
+
+def test_the_report_counts_the_subgoals_of_the_runs_that_tracked_them(tmp_path, shop_on_path):
+    from simplan.evaluation.report import write_report
+    from simplan.inference.planning.trace import append_trace
+
+    on, off = tmp_path / "on", tmp_path / "off"
+    for folder, subgoals in ((on, True), (off, False)):
+        for arm in ("reactive", "simplan"):
+            result, _ = _run(arm, subgoals=subgoals)
+            append_trace(folder / "traces.jsonl", result.trace)
+    md = write_report([off], tmp_path / "off-report")["md"].read_text()
+    assert "### Sub-goals" not in md  # nothing tracked: no empty table
+    main = write_report([off, on], tmp_path / "report")["md"].read_text().split("## Plots")[0]
+    table = main.split("### Sub-goals")[1].split("###")[0]
+    assert "| on | reactive | 1 | 1 | 0/1 |" in table and "| off |" not in table

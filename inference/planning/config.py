@@ -190,12 +190,12 @@ class PlannerConfig:
             "real env, inference/planning/oracle.py); None: the arm preset's, else model"
         ),
     )
-    subgoals: bool | None = field(
-        default=None,
+    subgoals: bool = field(
+        default=True,
         metadata=_help(
-            "check every action against the env's sub-goals before it runs (inference/planning/subgoals.py): a call "
-            "that contradicts the first unmet one is repaired or goes after the decider's other proposals, a queued "
-            "one is a pivot; envs that declare no sub-goals are unaffected (arm preset, else off)"
+            "check every action against the env's sub-goals before it runs (inference/planning/subgoals.py), in "
+            "every arm: a call that contradicts the first unmet one is repaired or goes after the decider's other "
+            "proposals, a queued one is a pivot; envs that declare no sub-goals are unaffected"
         ),
     )
     decider_adapter: str = field(default="decider", metadata=_help("engine adapter of the decider ('' = base)"))
@@ -258,8 +258,6 @@ class PlannerConfig:
                 setattr(target, name, value)
         if self.simulator is None:
             self.simulator = "model"
-        if self.subgoals is None:
-            self.subgoals = False
         if self.router.mode is None:
             self.router.mode = "always"
         _check("PlannerConfig", [("k", self.k >= 1, ">= 1"), ("horizon", self.horizon >= 0, ">= 0")], self)

@@ -23,7 +23,7 @@ from typing import Any
 
 from simplan.envs.actions import render_action
 from simplan.envs.base import Action, env_extra
-from simplan.envs.subgoals import Belief, Condition, SubGoal, contradicted, unmet
+from simplan.envs.subgoals import Belief, Condition, SubGoal, first_unmet_rejects, unmet
 from simplan.inference.planning.judge import is_finish
 from simplan.inference.planning.proposals import Proposal
 from simplan.inference.planning.trace_events import PivotEvent, SubgoalEvent
@@ -71,12 +71,9 @@ class SubgoalTracker:
     def rejected(self, action: Action) -> list[Condition]:
         """The conditions of the first unmet sub-goal that the action's intended record fails ([]: it does not
         contradict it); a finish while a sub-goal is unmet fails UNMET_FINISH."""
-        pending = self.unmet
-        if not pending:
-            return []
         if is_finish(action.key()):
-            return [UNMET_FINISH]
-        return contradicted(pending[0], self.belief.merged(self.env.facts(action, None, False)))
+            return [UNMET_FINISH] if self.unmet else []
+        return first_unmet_rejects(self.goals, self.belief, self.env.facts(action, None, False))
 
     def repair(self, action: Action, rejected: list[Condition]) -> Action | None:
         """The call with the arguments that the rejected equality conditions name set to their values, if that

@@ -308,6 +308,10 @@ class EpisodeSummary:
     verdict_false_alarms: int | None = None  # of those, the episode went on, or ended with the other verdict
     candidates_predicted_lost: int = 0  # per decision, candidates' first actions whose first step was predicted lost
     lost_candidates_avoided: int = 0  # of those, not the action the decision took (its chosen candidate's first)
+    # Sub-goals (subgoal events; PlannerConfig.subgoals with an env that declares them).
+    subgoal_screens: int = 0  # decisions with a proposal that contradicted the first unmet sub-goal
+    subgoal_repairs: int = 0  # proposals decoded again with the value a sub-goal's condition names
+    subgoals_unmet: int | None = None  # sub-goals still unmet at the end (None: none declared, or not tracked)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -417,7 +421,10 @@ def summarize(trace: EpisodeTrace) -> EpisodeSummary:
         matches = [a.match for a in predicted if a.match is not None]
         s.sim_match_mean = sum(matches) / len(matches) if matches else None
     verdict_account(s, trace)
+    screens = [e for e in trace.of_type("subgoal") if e.check == "screen"]
+    s.subgoal_screens, s.subgoal_repairs = len(screens), sum(len(e.repaired) for e in screens)
     if end is not None:
+        s.subgoals_unmet = None if end.unmet is None else len(end.unmet)
         s.status, s.success, s.score = end.status, bool(end.success), float(end.score)
         s.model_calls, s.prompt_tokens, s.completion_tokens = end.model_calls, end.prompt_tokens, end.completion_tokens
         s.cached_prompt_tokens = end.cached_prompt_tokens
