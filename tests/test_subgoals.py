@@ -96,6 +96,13 @@ def test_a_contradicting_call_is_repaired_and_an_unrepairable_one_goes_last(shop
     assert event.repaired == {"order(item='kettle-steel', qty=2)": "order(item='kettle-steel', qty=1)"}
     assert "finish" in " ".join(event.rejected) and "item startswith 'kettle-'" in event.rejected
     assert tracker.screen([Proposal(search)]) == ([Proposal(search)], None)  # nothing contradicts: no event
+    listed = {search.key(), wrong.key()}  # a complete valid-action list without the repaired call: no repair
+    ranked, event = tracker.screen([Proposal(wrong), Proposal(search)], listed)
+    assert [r.action for r in ranked] == [search, wrong] and event.repaired == {}
+    tracker.env.facts = lambda action, observation, error: [("orders", None, {})]  # a hook that returns tuples
+    with pytest.raises(TypeError, match=r"ShopEnv.facts\(\"order\(item='kettle-steel', qty=2\)\"\) returned"):
+        tracker.rejected(wrong)
+    del tracker.env.facts
     pivot = tracker.violation(wrong)
     assert pivot.rule == SUBGOAL_VIOLATION and pivot.fired and pivot.evidence["rejected"] == ["qty == 1"]
     assert tracker.violation(search) is None

@@ -113,7 +113,9 @@ class Imagination:
         root = self._prompt_state(ep, [], ep.obs.text, allowed)
         ranked, margin, how, fallback = self.propose(ep, root, allowed)
         if ep.subgoals is not None and not fallback:  # the env's sub-goals screen the proposals (subgoals.py)
-            ranked, screened = ep.subgoals.screen(ranked)
+            complete = allowed if allowed and ep.obs.valid_actions_complete else None
+            keys = {action_key_of_text(self.planner.env, a) for a in complete} if complete else None
+            ranked, screened = ep.subgoals.screen(ranked, keys)
             if screened is not None:
                 ep.trace.add(screened, step=ep.steps)
         proposals, spare = ranked[: b.k], ranked[b.k :]

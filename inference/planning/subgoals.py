@@ -23,7 +23,7 @@ from typing import Any
 
 from simplan.envs.actions import render_action
 from simplan.envs.base import Action, env_extra
-from simplan.envs.subgoals import Belief, Condition, SubGoal, first_unmet_rejects, unmet
+from simplan.envs.subgoals import Belief, Condition, Fact, SubGoal, first_unmet_rejects, unmet
 from simplan.inference.planning.judge import is_finish
 from simplan.inference.planning.proposals import Proposal
 from simplan.inference.planning.trace_events import PivotEvent, SubgoalEvent
@@ -47,7 +47,23 @@ class SubgoalTracker:
         if not (callable(declare) and callable(facts)):
             return None
         goals = list(declare(goal))
+        wrong = [g for g in goals if not isinstance(g, SubGoal)]
+        if wrong:
+            raise TypeError(
+                f"{type(env).__name__}.subgoals returned {wrong[0]!r}: expected SubGoal (envs/subgoals.py)"
+            )
         return cls(env, goals) if goals else None
+
+    def facts(self, action: Action, observation: str | None, error: bool) -> list[Fact]:
+        """The env's facts of a step (observation None: of the call's intent), checked to be Facts."""
+        facts = list(self.env.facts(action, observation, error))
+        wrong = [f for f in facts if not isinstance(f, Fact)]
+        if wrong:
+            raise TypeError(
+                f"{type(self.env).__name__}.facts({render_action(action)!r}) returned {wrong[0]!r}: expected Fact "
+                "(envs/subgoals.py)"
+            )
+        return facts
 
     @property
     def unmet(self) -> list[SubGoal]:
@@ -59,7 +75,7 @@ class SubgoalTracker:
     def observe(self, action: Action, observation: str, error: bool) -> SubgoalEvent | None:
         """Add a real step's facts to the belief; the event when the step met a sub-goal (else None)."""
         before = set(self.unmet_names())
-        self.belief.add(self.env.facts(action, observation, error))
+        self.belief.add(self.facts(action, observation, error))
         now = self.unmet_names()
         met = [g.name for g in self.goals if g.name in before and g.name not in now]
         if not met:
@@ -73,7 +89,7 @@ class SubgoalTracker:
         contradict it); a finish while a sub-goal is unmet fails UNMET_FINISH."""
         if is_finish(action.key()):
             return [UNMET_FINISH] if self.unmet else []
-        return first_unmet_rejects(self.goals, self.belief, self.env.facts(action, None, False))
+        return first_unmet_rejects(self.goals, self.belief, self.facts(action, None, False))
 
     def repair(self, action: Action, rejected: list[Condition]) -> Action | None:
         """The call with the arguments that the rejected equality conditions name set to their values, if that
@@ -85,10 +101,13 @@ class SubgoalTracker:
         fixed = Action.tool_call(action.name or "", {**action.arguments, **{c.field: c.value for c in rejected}})
         return fixed if not self.rejected(fixed) else None
 
-    def screen(self, proposals: list[Proposal]) -> tuple[list[Proposal], SubgoalEvent | None]:
+    def screen(
+        self, proposals: list[Proposal], allowed: set[str] | None = None
+    ) -> tuple[list[Proposal], SubgoalEvent | None]:
         """The proposals with every contradicting call repaired or put after those that do not contradict the first
         unmet sub-goal (the decider's order kept otherwise, duplicates dropped), and the event saying so (None
-        when no proposal contradicts it)."""
+        when no proposal contradicts it). `allowed`: the keys of the real state's valid actions where the env lists
+        them all; a repair outside them is no repair."""
         pending = self.unmet
         if not pending or not proposals:
             return proposals, None
@@ -106,7 +125,7 @@ class SubgoalTracker:
             flagged.append(text)
             conditions += [c.describe() for c in rejected if c.describe() not in conditions]
             fixed = self.repair(p.action, rejected)
-            if fixed is not None:
+            if fixed is not None and (allowed is None or fixed.key() in allowed):
                 repaired[text] = render_action(fixed)
                 kept.append(dataclasses.replace(p, action=fixed))
             else:
