@@ -141,3 +141,22 @@ def first_unmet_rejects(goals: Iterable[SubGoal], belief: Belief, intended: Iter
     reject, as the planner checks a call before it runs; [] when every sub-goal is met."""
     pending = unmet(goals, belief)
     return contradicted(pending[0], belief.merged(intended)) if pending else []
+
+
+def fact_differences(predicted: Iterable[Fact], real: Iterable[Fact]) -> list[str]:
+    """Where a step's real facts depart from the facts of its predicted observation: a predicted record written
+    under another key, with another value in a field both have, or not written at all (one line each)."""
+    real = list(real)
+    out: list[str] = []
+    for p in predicted:
+        same = [r for r in real if r.collection == p.collection]
+        if not same:
+            out.append(f"{p.collection}: expected {p.fields!r}, nothing written")
+            continue
+        r = next((r for r in same if r.key == p.key), same[0])
+        if p.key is not None and r.key != p.key:
+            out.append(f"{p.collection}: expected key {p.key!r}, got {r.key!r}")
+        for name, value in p.fields.items():
+            if name in r.fields and r.fields[name] != value:
+                out.append(f"{p.collection} {r.key or ''}.{name}: expected {value!r}, got {r.fields[name]!r}")
+    return out

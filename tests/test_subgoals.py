@@ -239,3 +239,43 @@ def test_the_report_counts_the_subgoals_of_the_runs_that_tracked_them(tmp_path, 
     main = write_report([off, on], tmp_path / "report")["md"].read_text().split("## Plots")[0]
     table = main.split("### Sub-goals")[1].split("###")[0]
     assert "| on | reactive | 1 | 1 | 0/1 |" in table and "| off |" not in table
+
+
+def test_facts_that_depart_from_the_expected_ones_fire_fact_mismatch(shop_on_path):
+    from simplan.envs.subgoals import fact_differences
+
+    assert fact_differences([Fact("orders", "A009", {"qty": 1})], [Fact("orders", "A001", {"qty": 1})]) == [
+        "orders: expected key 'A009', got 'A001'"
+    ]
+    assert fact_differences([Fact("orders", None, {"qty": 2})], [Fact("orders", "A001", {"qty": 1})]) == [
+        "orders A001.qty: expected 2, got 1"
+    ]
+    assert fact_differences([Fact("orders", "A001", {"qty": 1})], []) == [
+        "orders: expected {'qty': 1}, nothing written"
+    ]
+    assert fact_differences([], [Fact("orders", "A001", {"qty": 1})]) == []  # the prediction said less: no claim
+
+    def wrong_id(req, text):  # noqa: ANN001, ANN201 - the simulator, with another order id than the shop gives
+        return shop_simulator(req, text).replace('"A001"', '"A009"')
+
+    def run(on: bool):
+        from simplan.envs.base import Task
+
+        env = _shop(4)
+        engine = ScriptedEngine(shortcut_decider, wrong_id, lambda req, text: [0.0] * len(req.candidates))
+        cfg = PlannerConfig.from_dict(
+            {"arm": "simplan-always", "budgets": {"max_steps": 12}, "pivot_rules": {"fact_mismatch": on}}
+        )
+        result = Planner(engine, env, cfg).run(Task("shop", "shop-4", "dev", "kitchen", {"seed": 4}))
+        return result, [event_from_dict(e) for e in result.trace.to_dicts()]
+
+    on, events = run(True)
+    fired = [e for e in events if isinstance(e, PivotEvent) and e.rule == "fact_mismatch"]
+    assert on.summary.success and len(fired) == 1
+    assert fired[0].evidence["differences"] == ["orders: expected key 'A009', got 'A001'"]
+    acts = [e.action for e in events if e.type == "act"]
+    assert "ship(order_id='A009')" not in acts and acts[-1] == "ship(order_id='A001')"  # the queued ship dropped
+    off, events = run(False)
+    acts = [e.action for e in events if e.type == "act"]
+    assert off.summary.success and "ship(order_id='A009')" in acts  # word overlap let the plan run into it
+    assert not [e for e in events if isinstance(e, PivotEvent) and e.rule == "fact_mismatch"]

@@ -19,6 +19,9 @@ Rules (default severities):
     no_progress             warning no score increase for N steps (since the last replan)
     score_drop              error   the score fell by more than `min_drop`
     budget_nearly_exhausted warning the step or token budget crossed a fraction of its limit
+    fact_mismatch           error   (pivot_rules.fact_mismatch; envs that declare `facts`) the facts of the real
+                                    observation depart from those of the expected one (envs/subgoals.py
+                                    fact_differences): the plan relied on a record the step did not write
 
 The planner adds one check of its own before each queued action (inference/planning/planner.py):
     not_valid_now           error   the next planned action is not among the real state's valid actions
@@ -39,6 +42,7 @@ from typing import Protocol, runtime_checkable
 from simplan.core.text import SIMILARITIES, normalize, similarity
 from simplan.data.format import ERROR_RULE
 from simplan.envs.failures import FailureRules, looks_like_error
+from simplan.envs.subgoals import Fact, fact_differences
 from simplan.inference.engines.base import cosine
 from simplan.inference.planning.trace_events import SEVERITIES, PivotEvent
 
@@ -85,6 +89,9 @@ class PivotContext:
     max_tokens: int = 0  # 0: no limit
     # Texts -> their embeddings (the engine's `embed`), given by the planner when the mismatch rule uses `embedding`
     embed: Callable[[list[str]], list[list[float]]] | None = None
+    # The env's facts (envs/subgoals.py) of the expected and of the real observation, when the env declares facts
+    # and the step had an expectation: (predicted, real); None otherwise
+    facts: tuple[list[Fact], list[Fact]] | None = None
 
     @property
     def last(self) -> StepRecord:
@@ -387,6 +394,32 @@ def _help(text: str) -> dict[str, str]:
 
 
 @dataclass
+class FactMismatch:
+    """The facts of the real observation depart from those the expected observation gives (a record the plan
+    relied on was written under another key or value, or not at all): a precise mismatch where the env
+    declares `facts`, which word overlap misses when one id in a JSON result differs."""
+
+    severity: str = "error"
+    name: str = "fact_mismatch"
+
+    def __post_init__(self) -> None:
+        _check_severity(self.severity)
+
+    def check(self, ctx: PivotContext) -> PivotEvent | None:
+        if ctx.facts is None or ctx.last.error:  # a failed step: the error rule's
+            return None
+        differences = fact_differences(*ctx.facts)
+        if not differences:
+            return None
+        return PivotEvent(
+            rule=self.name,
+            severity=self.severity,
+            evidence={"action": ctx.last.action_key, "differences": differences},
+            message=f"{ctx.last.action_key!r}: {'; '.join(differences)}",
+        )
+
+
+@dataclass
 class PivotConfig:
     """The pivot rules' settings: PlannerConfig's `pivot_rules` section (`--planner.pivot_rules.repeat_limit 4`)."""
 
@@ -408,6 +441,13 @@ class PivotConfig:
     min_score_drop: float = field(default=0.0, metadata=_help("score_drop: fires when the score falls more"))
     budget_fraction: float = field(default=0.9, metadata=_help("budget_nearly_exhausted: fraction of a budget"))
     warning_threshold: int = field(default=2, metadata=_help("warnings that together fire a pivot"))
+    fact_mismatch: bool = field(
+        default=False,
+        metadata=_help(
+            "fact_mismatch: compare the env's facts (envs/subgoals.py) of the expected and the real observation, "
+            "where the env declares them"
+        ),
+    )
     max_transient_retries: int = field(
         default=2,
         metadata=_help(
@@ -436,9 +476,10 @@ class PivotConfig:
 def default_rules(
     config: PivotConfig | None = None, error_patterns: Sequence[re.Pattern[str]] | None = None
 ) -> list[PivotRule]:
-    """The six monitor rules (docs/architecture.md) with their default severities, set from `config`."""
+    """The six monitor rules (docs/architecture.md) with their default severities, set from `config`, and
+    fact_mismatch where `config.fact_mismatch` asks for it."""
     c = config if config is not None else PivotConfig()
-    return [
+    rules: list[PivotRule] = [
         ErrorObservation(patterns=error_patterns),
         ExpectationMismatch(threshold=c.mismatch_threshold, method=c.similarity),
         RepeatedAction(limit=c.repeat_limit),
@@ -446,3 +487,4 @@ def default_rules(
         ScoreDrop(min_drop=c.min_score_drop),
         BudgetNearlyExhausted(fraction=c.budget_fraction),
     ]
+    return rules + ([FactMismatch()] if c.fact_mismatch else [])

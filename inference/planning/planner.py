@@ -67,6 +67,7 @@ from simplan.envs.base import (
     missing_from_complete_list,
 )
 from simplan.envs.failures import DEFAULT_PROGRESS_PATTERNS, FailureRules, env_patterns
+from simplan.envs.subgoals import Fact
 from simplan.inference.engines.base import (
     EmbedRequest,
     Engine,
@@ -299,6 +300,7 @@ class Planner:
                 tokens_before=ep.tokens_at_last_act,
                 max_tokens=b.token_budget,
                 embed=self._embedder(ep) if self.embeds else None,
+                facts=self._facts(ep, item, result),
             )
             if (retry := self.transient.check(ctx)) is not None:
                 retry.fired = True  # the same action again: no model call, failure note, ban or replan
@@ -409,6 +411,16 @@ class Planner:
             evidence={"action": text, "valid_actions": len(valid)},
             message=f"{text!r} is not among the {len(valid)} valid actions of the real state",
             fired=True,
+        )
+
+    def _facts(self, ep: EpisodeRun, item: Queued, result: StepResult) -> tuple[list[Fact], list[Fact]] | None:
+        """The env's facts of the step's expected and real observation, for the fact_mismatch rule (when it is on,
+        the env declares facts and the step had an expectation)."""
+        if not self.config.pivot_rules.fact_mismatch or ep.subgoals is None or item.expectation is None:
+            return None
+        obs = result.observation
+        return ep.subgoals.facts(item.action, item.expectation, False), ep.subgoals.facts(
+            item.action, obs.text, obs.error
         )
 
     def _violates(self, ep: EpisodeRun, item: Queued) -> PivotEvent | None:
