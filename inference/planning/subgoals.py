@@ -32,6 +32,11 @@ SUBGOAL_VIOLATION = "subgoal_violation"
 UNMET_FINISH = Condition("finish", "==", "after every sub-goal is met")  # what a premature finish contradicts
 
 
+def _name(env: Any) -> str:
+    """The adapter's class name (under make_env's wrappers), for errors about its hooks."""
+    return type(getattr(env, "unwrapped", env)).__name__
+
+
 @dataclass
 class SubgoalTracker:
     """The sub-goals of one episode and the belief state they are checked on."""
@@ -49,9 +54,7 @@ class SubgoalTracker:
         goals = list(declare(goal))
         wrong = [g for g in goals if not isinstance(g, SubGoal)]
         if wrong:
-            raise TypeError(
-                f"{type(env).__name__}.subgoals returned {wrong[0]!r}: expected SubGoal (envs/subgoals.py)"
-            )
+            raise TypeError(f"{_name(env)}.subgoals returned {wrong[0]!r}: expected SubGoal (envs/subgoals.py)")
         return cls(env, goals) if goals else None
 
     def facts(self, action: Action, observation: str | None, error: bool) -> list[Fact]:
@@ -60,7 +63,7 @@ class SubgoalTracker:
         wrong = [f for f in facts if not isinstance(f, Fact)]
         if wrong:
             raise TypeError(
-                f"{type(self.env).__name__}.facts({render_action(action)!r}) returned {wrong[0]!r}: expected Fact "
+                f"{_name(self.env)}.facts({render_action(action)!r}) returned {wrong[0]!r}: expected Fact "
                 "(envs/subgoals.py)"
             )
         return facts
