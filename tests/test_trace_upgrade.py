@@ -115,7 +115,7 @@ def today_lines(verdicts: bool) -> list[dict[str, Any]]:
 def as_version(lines: list[dict[str, Any]], version: int) -> list[dict[str, Any]]:
     """Today's lines as a writer of `version` wrote them: the start event with its version and the planner config
     in flat keys, without `act_verdicts` (today's writer adds it); in version 1, acts without `expected_verdict`;
-    before version 4, acts without `notes`; before version 5, ends without `unmet`."""
+    before version 4, acts without `notes`; before version 5, ends without `unmet` and commits without `suboptimal`."""
     old = copy.deepcopy(lines)
     for line in old:
         if line["type"] == "start":
@@ -126,6 +126,9 @@ def as_version(lines: list[dict[str, Any]], version: int) -> list[dict[str, Any]
         if line["type"] == "act" and version < 4:
             assert line["notes"] == []  # (today's episode writes notes only where a step failed or a pivot fired)
             del line["notes"]
+        if line["type"] == "commit" and version < 5:
+            assert line["suboptimal"] == ""
+            del line["suboptimal"]
         if line["type"] == "end" and version < 5:
             assert line["unmet"] is None  # (no sub-goals in these episodes)
             del line["unmet"]

@@ -165,10 +165,23 @@ class Imagination:
                 plan=[PlanItem(render_action(q.action), q.expectation) for q in queue],
                 candidate=best,
                 total=records[best].total,
+                suboptimal=self.suboptimal(records[best]) if horizon > 0 else "",
             ),
             step=ep.steps,
         )
         return queue
+
+    def suboptimal(self, chosen: CandidateRecord) -> str:
+        """Why the chosen candidate of a simulated decision is the best of bad ones, '' when it is not: the judge
+        scored every candidate below `judge.threshold` (the commit is cut to one step), or the outcome judge found
+        every one over its veto (it took the least bad)."""
+        if self.outcome_judge is not None:
+            bad, veto = chosen.parts.get("bad", 0.0), self.outcome_judge.veto
+            return f"every candidate over the veto {veto:.2f}: took the least bad ({bad:.2f})" if bad > veto else ""
+        threshold = self.planner.config.judge.threshold
+        if chosen.total >= threshold:
+            return ""
+        return f"every candidate scored below judge.threshold {threshold:g}: the best {chosen.total:.2f}"
 
     def _by_rollouts(
         self,

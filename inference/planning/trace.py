@@ -312,6 +312,7 @@ class EpisodeSummary:
     subgoal_screens: int = 0  # decisions with a proposal that contradicted the first unmet sub-goal
     subgoal_repairs: int = 0  # proposals decoded again with the value a sub-goal's condition names
     subgoals_unmet: int | None = None  # sub-goals still unmet at the end (None: none declared, or not tracked)
+    suboptimal_commits: int = 0  # simulated decisions whose plan was the best of bad ones (commit `suboptimal`)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -421,6 +422,7 @@ def summarize(trace: EpisodeTrace) -> EpisodeSummary:
         matches = [a.match for a in predicted if a.match is not None]
         s.sim_match_mean = sum(matches) / len(matches) if matches else None
     verdict_account(s, trace)
+    s.suboptimal_commits = sum(bool(e.suboptimal) for e in trace.of_type("commit"))
     screens = [e for e in trace.of_type("subgoal") if e.check == "screen"]
     s.subgoal_screens, s.subgoal_repairs = len(screens), sum(len(e.repaired) for e in screens)
     if end is not None:
@@ -460,7 +462,11 @@ def format_event(e: TraceEvent) -> str:
                 lines.append(f"      {a!r} => {p!r}")
         return "\n".join(lines)
     if isinstance(e, CommitEvent):
-        return "[commit] " + " ; ".join(p.action for p in e.plan)
+        return (
+            "[commit] "
+            + " ; ".join(p.action for p in e.plan)
+            + (f" (suboptimal: {e.suboptimal})" if e.suboptimal else "")
+        )
     if isinstance(e, ActEvent):
         match = f" match={e.match:.2f}" if e.match is not None else ""
         flag = " ERROR" if e.error else ""

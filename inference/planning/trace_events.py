@@ -47,7 +47,7 @@ from simplan.core.config import flatten, upgrade_keys
 #   3: start events hold the planner config in sections
 #   4: act events record the notes (pivot notes, data/format.py pivot_note) shown with their observation
 #   5: subgoal events (the env's sub-goals screened a decision or were met by a step); end events record the
-#      sub-goals still unmet
+#      sub-goals still unmet; commit events say why a plan is the best of bad ones (suboptimal)
 TRACE_VERSION = 5
 END_STATUSES = ("success", "failed", "budget_steps", "budget_replans", "budget_tokens", "budget_time", "errored")
 ACT_SOURCES = ("plan", "reactive", "fallback")
@@ -145,6 +145,9 @@ class CommitEvent(TraceEvent):
     plan: list[PlanItem] = field(default_factory=list)
     candidate: int = 0
     total: float = 0.0
+    # Why the committed plan is the best of bad ones ("" when it is not): every candidate scored below
+    # judge.threshold, or every one was over the outcome judge's veto (imagination.py `suboptimal`)
+    suboptimal: str = ""
 
 
 @dataclass
