@@ -165,13 +165,22 @@ def _spread(items: list[Task], n: int) -> list[Task]:
     return [items[(i * len(items)) // n] for i in range(n)]
 
 
+Watch = Callable[[Action, StepResult], None]  # called after each step the expert takes, with its result
+
+
 def play(
-    env: Env, task: Task, actions: list[Action], first: Observation | None = None, unlisted: list[str] | None = None
+    env: Env,
+    task: Task,
+    actions: list[Action],
+    first: Observation | None = None,
+    unlisted: list[str] | None = None,
+    watch: Watch | None = None,
 ) -> tuple[StepResult | None, int, int]:
     """Play actions from `reset(task)` until done: (last result, steps taken, steps flagged as errors).
 
     With `first` (the reset observation) and a list `unlisted`, each action taken where the observation
-    claims an exhaustive valid-action list (`valid_actions_complete`) but does not list it is noted there.
+    claims an exhaustive valid-action list (`valid_actions_complete`) but does not list it is noted there;
+    `watch(action, result)` sees every step.
     """
     last: StepResult | None = None
     obs = first
@@ -180,6 +189,8 @@ def play(
         if unlisted is not None and obs is not None and missing_from_complete_list(env, obs, action):
             unlisted.append(f"{task.task_id} step {steps}: {action.key()!r}")
         last = env.step(action)
+        if watch is not None:
+            watch(action, last)
         obs = last.observation
         steps += 1
         errors += int(last.observation.error)
@@ -189,10 +200,16 @@ def play(
 
 
 def play_policy(
-    env: Env, task: Task, first: Observation, unlisted: list[str] | None = None, max_steps: int = MAX_POLICY_STEPS
+    env: Env,
+    task: Task,
+    first: Observation,
+    unlisted: list[str] | None = None,
+    max_steps: int = MAX_POLICY_STEPS,
+    watch: Watch | None = None,
 ) -> tuple[StepResult | None, list[Action], int]:
     """Play the env's reacting expert from `first` (the reset observation of `task`) until done, until it has
-    nothing more to do, or for `max_steps`: (last result, actions taken, steps flagged as errors)."""
+    nothing more to do, or for `max_steps`: (last result, actions taken, steps flagged as errors); `watch` as
+    in `play`."""
     policy = expert_policy(env)
     _require(policy is not None, f"{type(env).__name__} has no expert_action")
     assert policy is not None
@@ -203,6 +220,8 @@ def play_policy(
         if unlisted is not None and missing_from_complete_list(env, obs, action):
             unlisted.append(f"{task.task_id} step {len(actions)}: {action.key()!r}")
         last = env.step(action)
+        if watch is not None:
+            watch(action, last)
         obs = last.observation
         actions.append(action)
         errors += int(obs.error)
@@ -325,13 +344,19 @@ def check_invalid_action(ctx: CheckContext) -> str:
     return f"{action.key()} -> error observation {result.observation.text[:60]!r}"
 
 
-def check_expert(ctx: CheckContext) -> str:
-    env = ctx.env
+def _train_sample(ctx: CheckContext) -> dict[str, list[Task]]:
+    """The expert checks' train tasks: `fold_sample` per family, spread over each family's list."""
     _require(bool(ctx.listed.get("train")), "needs train tasks, which failed")
     by_family: dict[str, list[Task]] = {}
     for t in ctx.listed["train"]:
         by_family.setdefault(t.family, []).append(t)
-    sample = [t for fam in by_family.values() for t in _spread(fam, ctx.fold_sample)]
+    return {family: _spread(tasks, ctx.fold_sample) for family, tasks in by_family.items()}
+
+
+def check_expert(ctx: CheckContext) -> str:
+    env = ctx.env
+    by_family = _train_sample(ctx)
+    sample = [t for tasks in by_family.values() for t in tasks]
     wins: dict[str, list[int]] = {f: [0, 0] for f in by_family}
     failures: list[str] = []
     error_steps: list[str] = []
@@ -374,6 +399,33 @@ def check_expert(ctx: CheckContext) -> str:
     return f"{won}/{len(sample)} won ({per_family}){note}"
 
 
+def _expert_against_subgoals(env: Env, task: Task, declare: Callable, facts: Callable) -> tuple[int, list[str]]:
+    """Play the expert on `task` with its sub-goals watched: (sub-goals it met, what disagreed)."""
+    obs = env.reset(task)
+    goals = list(declare(obs.goal))
+    belief = Belief()
+    problems: list[str] = []
+    step = 0
+
+    def watch(action: Action, result: StepResult) -> None:
+        # the call checked against the belief before its step, as the planner checks it before it runs
+        nonlocal step
+        rejected = first_unmet_rejects(goals, belief, facts(action, None, False))
+        if rejected:
+            problems.append(f"{task.task_id} step {step}: {action.key()!r} fails {rejected[0].describe()}")
+        belief.add(facts(action, result.observation.text, bool(result.observation.error)))
+        step += 1
+
+    if expert_policy(env) is not None:
+        last, _, _ = play_policy(env, task, obs, watch=watch)
+    else:
+        last, _, _ = play(env, task, env.expert_plan(), watch=watch)
+    left = unmet(goals, belief)
+    if last is not None and last.won and left:
+        problems.append(f"{task.task_id}: won with {left[0].name!r} unmet")
+    return len(goals) - len(left), problems
+
+
 def check_subgoals(ctx: CheckContext) -> str:
     """The env's sub-goals agree with its expert: on the expert check's sample of train tasks, the expert never
     takes a call that the first unmet sub-goal rejects, and every sub-goal is met when it wins."""
@@ -382,36 +434,11 @@ def check_subgoals(ctx: CheckContext) -> str:
     if declare is None and facts is None:
         return "none declared"
     _require(callable(declare) and callable(facts), "subgoals and facts go together: declare both, or neither")
-    by_family: dict[str, list[Task]] = {}
-    for t in ctx.listed.get("train", []):
-        by_family.setdefault(t.family, []).append(t)
-    sample = [t for fam in by_family.values() for t in _spread(fam, ctx.fold_sample)]
-    _require(bool(sample), "needs train tasks, which failed")
-    problems: list[str] = []
-    met = 0
+    sample = [t for tasks in _train_sample(ctx).values() for t in tasks]
+    met, problems = 0, []
     for task in sample:
-        obs = env.reset(task)
-        goals = list(declare(obs.goal))
-        belief = Belief()
-        policy = expert_policy(env)
-        plan = [] if policy is not None else env.expert_plan()
-        last: StepResult | None = None
-        for i in range(MAX_POLICY_STEPS):
-            action = policy(obs) if policy is not None else (plan[i] if i < len(plan) else None)
-            if action is None:
-                break
-            rejected = first_unmet_rejects(goals, belief, facts(action, None, False))
-            if rejected:
-                problems.append(f"{task.task_id} step {i}: {action.key()!r} fails {rejected[0].describe()}")
-            last = env.step(action)
-            obs = last.observation
-            belief.add(facts(action, obs.text, bool(obs.error)))
-            if last.done:
-                break
-        left = unmet(goals, belief)
-        if last is not None and last.won and left:
-            problems.append(f"{task.task_id}: won with {left[0].name!r} unmet")
-        met += len(goals) - len(left)
+        n, found = _expert_against_subgoals(env, task, declare, facts)
+        met, problems = met + n, problems + found
     _require(not problems, f"the sub-goals disagree with the expert: {', '.join(problems[:3])}")
     return f"the expert meets {met} sub-goals on {len(sample)} tasks and contradicts none"
 
