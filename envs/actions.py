@@ -2,6 +2,7 @@
 
     text = render_action(Action.tool_call("mv", {"src": "a", "dst": "b"}))   # "mv(src='a', dst='b')"
     action = parse_tool_call(text, allowed=["mv", "ls"])                   # the same Action, or ActionParseError
+    pattern = call_regex(tools)                # the calls of `tools` whose arguments fit their schemas, as a regex
 
 `render_action` is the one text form of an action: the decider's completion in training, what the planner
 parses, what traces and prompts show. `parse_tool_call` reads model text with `ast` only: nothing is
@@ -13,7 +14,9 @@ from __future__ import annotations
 import ast
 import functools
 import json
+import keyword
 import math
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -81,6 +84,8 @@ def parse_tool_call(text: str, allowed: Sequence[str] | None = None) -> Action:
     for kw in call.keywords:
         if kw.arg is None:
             raise ActionParseError(f"{name}: **kwargs are not allowed")
+        if kw.arg in arguments:  # Python's parser lets it through (the compiler refuses it); one value per name
+            raise ActionParseError(f"{name}: argument {kw.arg!r} given twice")
         try:
             arguments[kw.arg] = _json_literal(kw.value, depth=0)
         except ActionParseError as e:
@@ -186,3 +191,98 @@ def argument_problem(action: Action, tools: Sequence[dict[str, Any]]) -> str | N
     where = f"argument {path[0]}" + "".join(f"[{p!r}]" for p in path[1:]) + ": " if path else ""
     message = error.message if len(error.message) <= 160 else error.message[:157] + "..."
     return f"{action.name}: {where}{message}"
+
+
+# ---------------------------------------------------------------------------------------------
+# The text of the calls that fit, as a regex: what the decider is decoded under (an engine's `regex` request).
+_STRING = r"""(?:'(?:[^'\\\n\r]|\\.)*'|"(?:[^"\\\n\r]|\\.)*")"""  # either quote, any escape, one line
+_INTEGER = r"-?(?:0|[1-9][0-9]*)"
+_SCALARS = {
+    "string": _STRING,
+    "integer": _INTEGER,
+    "number": _INTEGER + r"(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?",  # Python's repr of an int or a float
+    "boolean": "(?:True|False)",
+    "null": "None",
+}
+UNTYPED_DEPTH = 2  # lists and dicts nested in a value whose schema says nothing (BFCL's deepest: a list of strings)
+
+
+def call_regex(tools: Sequence[dict[str, Any]], arguments: bool = True) -> str:
+    """A regex of `finish()` and the calls of `tools` as render_action writes them, each argument's value a Python
+    literal of its schema's type: `name(k=v, ...)` with the separators render_action uses, only declared argument
+    names (when the tool declares properties), enums as their literals, arrays and objects as lists and dicts of
+    their items. The decider's output is decoded under it, so a call of the wrong type or with an unknown argument
+    cannot be written; what a regex cannot say without listing every order (required arguments, one of each) is
+    left to the check before the call runs (argument_problem). A tool without a schema, or with one jsonschema
+    does not read, takes any keyword arguments of plain literals. `arguments=False`: only the tool's name is
+    constrained, `name(` anything `)`."""
+    names = [str(t.get("name") or t.get("function", {}).get("name", "")) for t in tools if isinstance(t, dict)]
+    names = [n for n in names if n]
+    if not arguments:
+        return rf"({'|'.join([re.escape(n) for n in names] + ['finish'])})\(.*\)"
+    calls = [rf"{re.escape(n)}\({_arguments_regex(tool_parameters(tools, n))}\)" for n in dict.fromkeys(names)]
+    return "(?:" + "|".join([*calls, r"finish\(\)"]) + ")"
+
+
+def _arguments_regex(schema: dict[str, Any] | None) -> str:
+    """The `k=v, ...` part of a call to a tool whose parameters are `schema`."""
+    properties = schema.get("properties") if schema is not None else None
+    if schema is None or not isinstance(properties, dict) or _validator(json.dumps(schema, sort_keys=True)) is None:
+        pair = rf"[A-Za-z_][A-Za-z0-9_]*={_untyped(UNTYPED_DEPTH)}"
+    else:
+        pairs = [
+            f"{k}={_value_regex(v)}" for k, v in properties.items() if k.isidentifier() and not keyword.iskeyword(k)
+        ]
+        if not pairs:
+            return ""
+        pair = _either(pairs)
+    return f"(?:{pair}(?:, {pair})*)?"
+
+
+def _value_regex(schema: Any) -> str:
+    """A Python literal that fits `schema`; what it does not type is any plain literal."""
+    if not isinstance(schema, dict):
+        return _untyped(UNTYPED_DEPTH)
+    if "const" in schema or isinstance(schema.get("enum"), list):
+        values = [schema["const"]] if "const" in schema else schema["enum"]
+        return _either([re.escape(repr(v)) for v in values])
+    for key in ("anyOf", "oneOf"):
+        if isinstance(schema.get(key), list) and schema[key]:
+            return _either([_value_regex(s) for s in schema[key]])
+    kinds = schema.get("type")
+    kinds = kinds if isinstance(kinds, list) else [kinds]
+    parts = []
+    for kind in kinds:
+        if kind in _SCALARS:
+            parts.append(_SCALARS[kind])
+        elif kind == "array":
+            parts.append(_list_regex(_value_regex(schema.get("items"))))
+        elif kind == "object" and isinstance(schema.get("properties"), dict):
+            pairs = [f"{re.escape(repr(k))}: {_value_regex(v)}" for k, v in schema["properties"].items()]
+            parts.append(_dict_regex(_either(pairs)) if pairs else r"\{\}")
+        elif kind == "object":
+            parts.append(_dict_regex(f"{_STRING}: {_value_regex(schema.get('additionalProperties'))}"))
+        else:
+            return _untyped(UNTYPED_DEPTH)
+    return _either(parts)
+
+
+def _untyped(depth: int) -> str:
+    """Any plain literal, lists and dicts nested at most `depth` deep."""
+    scalars = _either([v for k, v in _SCALARS.items() if k != "integer"])  # a number's regex reads integers too
+    if depth <= 0:
+        return scalars
+    inner = _untyped(depth - 1)
+    return _either([scalars, _list_regex(inner), _dict_regex(f"{_STRING}: {inner}")])
+
+
+def _list_regex(item: str) -> str:
+    return rf"\[(?:{item}(?:, {item})*)?\]"
+
+
+def _dict_regex(pair: str) -> str:
+    return rf"\{{(?:{pair}(?:, {pair})*)?\}}"
+
+
+def _either(alternatives: list[str]) -> str:
+    return alternatives[0] if len(alternatives) == 1 else "(?:" + "|".join(alternatives) + ")"

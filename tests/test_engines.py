@@ -181,6 +181,38 @@ def test_hf_regex_and_json_constraints(hf):
         assert js.completions[0].text.startswith('{"n":')
 
 
+def test_hf_writes_tool_calls_under_their_schemas(hf):
+    pytest.importorskip("xgrammar")
+    import re
+
+    from simplan.envs.actions import argument_problem, call_regex, parse_tool_call
+    from simplan.envs.base import ActionParseError
+
+    tools = [
+        {
+            "name": "drive",
+            "parameters": {
+                "type": "object",
+                "properties": {"mode": {"enum": ["eco", "sport"]}, "lights": {"type": "boolean"}},
+                "required": ["mode"],
+            },
+        }
+    ]
+    pattern = call_regex(tools)
+    req = GenerationRequest(messages=PROMPTS[0], regex=pattern, max_tokens=24, n=8, temperature=1.5, seed=3)
+    (res,) = hf.generate([req])
+    stopped = [c.text for c in res.completions if c.finish_reason == "stop"]
+    assert stopped
+    for text in stopped:
+        assert re.fullmatch(pattern, text), text
+        try:
+            action = parse_tool_call(text, allowed=["drive"])
+        except ActionParseError as e:  # the one thing the regex lets through and the parser refuses
+            assert "given twice" in str(e), text
+            continue
+        assert argument_problem(action, tools) in (None, "drive: 'mode' is a required property"), text
+
+
 def test_hf_rejects_an_unknown_adapter(hf):
     with pytest.raises(KeyError, match="planner"):
         hf.generate([GenerationRequest(adapter="planner", messages=PROMPTS[0])])

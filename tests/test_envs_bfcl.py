@@ -95,6 +95,7 @@ def test_unplayable_task_left_out():
         "cd('document')",  # positional
         "cd(folder='a'); ls()",
         "cd(**{'folder': 'a'})",
+        "cd(folder='a', folder='b')",  # one argument given twice
         "",
     ],
 )

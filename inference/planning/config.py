@@ -74,6 +74,14 @@ class SamplingConfig:
             "is a parse failure (resampled, never executed)"
         ),
     )
+    constrain_arguments: bool = field(
+        default=False,
+        metadata=_help(
+            "decode a tool call under its tool's JSON schema (the call's regex, envs/actions.py call_regex): "
+            "argument names and value types that do not fit cannot be written; off: only the tool's name is "
+            "constrained"
+        ),
+    )
 
     def __post_init__(self) -> None:
         _check(

@@ -23,7 +23,6 @@ One decision, as the planning loop (planner.py) calls it when its queue is empty
 from __future__ import annotations
 
 import dataclasses
-import re
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -39,7 +38,7 @@ from simplan.data.format import (
     state_from_steps,
 )
 from simplan.data.outcomes import OUTCOMES
-from simplan.envs.actions import argument_problem, render_action
+from simplan.envs.actions import argument_problem, call_regex, render_action
 from simplan.envs.base import Action, ActionParseError, action_key_of_text, env_extra
 from simplan.inference.engines.base import GenerationRequest, GenerationResult
 from simplan.inference.planning.episode_run import EpisodeRun, Queued, digest_key
@@ -546,7 +545,8 @@ class Imagination:
         return action
 
     def _constraint(self, ep: EpisodeRun, choices: list[str] | None) -> dict[str, Any]:
-        """Constrained decoding for the decider: a choice list, or the tool-call syntax with the task's tools.
+        """Constrained decoding for the decider: a choice list, or the tool-call syntax with the task's tools (and
+        their arguments' schemas with sampling.constrain_arguments).
 
         A kind the backend refused once (NotImplementedError) is not asked for again; outputs are
         still parsed and checked against the valid actions, so only efficiency is lost.
@@ -554,9 +554,7 @@ class Imagination:
         if choices and "choices" not in self._unsupported:
             return {"choices": list(choices)}
         if ep.obs.tools and not choices and "regex" not in self._unsupported:
-            names = [str(t.get("name") or t.get("function", {}).get("name", "")) for t in ep.obs.tools]
-            names = [re.escape(n) for n in names if n] + ["finish"]
-            return {"regex": rf"({'|'.join(names)})\(.*\)"}
+            return {"regex": call_regex(ep.obs.tools, arguments=self.planner.config.sampling.constrain_arguments)}
         return {}
 
     def _generate(self, ep: EpisodeRun, requests: list[GenerationRequest]) -> list[GenerationResult]:
