@@ -181,36 +181,42 @@ def test_hf_regex_and_json_constraints(hf):
         assert js.completions[0].text.startswith('{"n":')
 
 
-def test_hf_writes_tool_calls_under_their_schemas(hf):
-    pytest.importorskip("xgrammar")
+DRIVE = {
+    "name": "drive",
+    "parameters": {
+        "type": "object",
+        "properties": {"mode": {"enum": ["eco", "sport"]}, "lights": {"type": "boolean"}},
+        "required": ["mode"],
+    },
+}
+
+
+def writes_tool_calls_under_their_schemas(engine: Engine) -> None:
+    """Sampled calls under call_regex: all that end are calls of the tool that fit its schema (but for what only
+    the check refuses: a missing required argument, one given twice)."""
     import re
 
     from simplan.envs.actions import argument_problem, call_regex, parse_tool_call
     from simplan.envs.base import ActionParseError
 
-    tools = [
-        {
-            "name": "drive",
-            "parameters": {
-                "type": "object",
-                "properties": {"mode": {"enum": ["eco", "sport"]}, "lights": {"type": "boolean"}},
-                "required": ["mode"],
-            },
-        }
-    ]
-    pattern = call_regex(tools)
+    pattern = call_regex([DRIVE])
     req = GenerationRequest(messages=PROMPTS[0], regex=pattern, max_tokens=24, n=8, temperature=1.5, seed=3)
-    (res,) = hf.generate([req])
+    (res,) = engine.generate([req])
     stopped = [c.text for c in res.completions if c.finish_reason == "stop"]
     assert stopped
     for text in stopped:
         assert re.fullmatch(pattern, text), text
         try:
             action = parse_tool_call(text, allowed=["drive"])
-        except ActionParseError as e:  # the one thing the regex lets through and the parser refuses
+        except ActionParseError as e:
             assert "given twice" in str(e), text
             continue
-        assert argument_problem(action, tools) in (None, "drive: 'mode' is a required property"), text
+        assert argument_problem(action, [DRIVE]) in (None, "drive: 'mode' is a required property"), text
+
+
+def test_hf_writes_tool_calls_under_their_schemas(hf):
+    pytest.importorskip("xgrammar")
+    writes_tool_calls_under_their_schemas(hf)
 
 
 def test_hf_rejects_an_unknown_adapter(hf):
@@ -283,6 +289,7 @@ def test_vllm_constraints_and_sampling(vllm_engine):
     (s,) = vllm_engine.generate([GenerationRequest(messages=PROMPTS[0], n=4, temperature=1.0, max_tokens=8, seed=3)])
     assert len(s.completions) == 4 and len({c.text for c in s.completions}) > 1
     assert vllm_engine.usage.calls >= 4 and vllm_engine.usage.completion_tokens > 0
+    writes_tool_calls_under_their_schemas(vllm_engine)
 
 
 # --------------------------------------------------------------------------------------------- serve
