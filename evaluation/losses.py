@@ -16,7 +16,8 @@ The classes, checked in this order (the first that applies wins, so each loss co
                     the episode was lost to formatting before planning could matter
     loop            ended by the step (or replan) budget while going in circles: at least
                     `loop_share` of the real steps repeat an earlier (action, observation) pair, or
-                    repeated_action / no_progress make up at least `loop_share` of the pivot events
+                    repeated_action / no_progress make up at least `loop_share` of the pivot events;
+                    and every episode the stall budget ended (budget_stall: steps without progress)
     step_cap        ended by the step budget otherwise (still making new moves: a larger cap might win)
     budget          ended by the time, token or replan budget (budget_time, budget_tokens, budget_replans)
     other           anything else (e.g. status "failed" with the game still running)
@@ -45,7 +46,7 @@ LOSS_LABELS = {
     "other": "other",
 }
 LOOP_RULES = ("repeated_action", "no_progress")
-_LOOP_STATUSES = ("budget_steps", "budget_replans")
+_LOOP_STATUSES = ("budget_steps", "budget_stall", "budget_replans")
 _BUDGET_STATUSES = ("budget_time", "budget_tokens", "budget_replans")
 
 
@@ -101,6 +102,8 @@ def _classify(trace: EpisodeTrace, status: str, rules: LossRules) -> tuple[str, 
         looping = _loop_evidence(acts, trace.of_type("pivot"), rules)
         if looping:
             return "loop", looping
+        if status == "budget_stall":
+            return "loop", f"ended after {len(acts)} step(s), the last ones without progress (budgets.stall_steps)"
     if status == "budget_steps":
         return "step_cap", f"step cap reached after {len(acts)} step(s), the last ones new"
     if status in _BUDGET_STATUSES:

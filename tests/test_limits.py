@@ -202,6 +202,62 @@ def test_episode_time_budget_ends_the_episode():
         PlannerConfig(budgets=BudgetConfig(max_episode_seconds=-1))
 
 
+# -- the stall budget --------------------------------------------------------------------------------
+class Script:
+    """A decider that scores the next action of a fixed script best (the last one again once it is spent)."""
+
+    def __init__(self, actions: list[str]) -> None:
+        self.actions, self.calls = actions, 0
+
+    def score(self, req, text):  # noqa: ANN001, ANN201 - ScriptedEngine's scorer
+        want = self.actions[min(self.calls, len(self.actions) - 1)]
+        self.calls += 1
+        return [0.0 if c == want else -10.0 for c in req.candidates]
+
+
+def stall_run(actions: list[str], **budgets):
+    script = Script(actions)
+    engine = ScriptedEngine(lambda req, text: "", lambda req, text: "", script.score)
+    cfg = PlannerConfig(arm="reactive", raise_errors=True, budgets=BudgetConfig(**budgets))
+    return Planner(engine, ToyEnv(), cfg).run(toy_task())
+
+
+def test_steps_without_progress_end_the_episode_saying_why_and_the_best_it_reached():
+    from simplan.evaluation.losses import classify_loss
+
+    assert BudgetConfig().stall_steps == 8  # the fitted default (bench/RESULTS.md "Ending a stalled episode")
+    # Room 2 is new (progress at step 1); going back and forth after it shows nothing new: steps 2-4 stall.
+    result = stall_run(["go east", "go west"] * 10, max_steps=20, stall_steps=3)
+    s, (end,) = result.summary, result.trace.of_type("end")
+    assert s.status == "budget_stall" and not s.success and s.steps == 4
+    assert end.reason == (
+        "3 steps without progress (no score above the best, no new observation, no sub-goal met); "
+        "best score 0 at step 0"
+    )
+    assert classify_loss(result.trace).label == "loop"
+    # A score above the best is progress, and so is an observation the episode had not seen.
+    walk = ["go east"] * 3 + ["take key"] + ["inventory"] * 10  # "You carry: a key." is new once
+    result = stall_run(walk, max_steps=20, stall_steps=3)
+    (end,) = result.trace.of_type("end")
+    assert result.summary.status == "budget_stall" and result.summary.steps == 8
+    assert (end.best_score, end.best_step) == (0.5, 4) and end.reason.endswith("best score 0.5 at step 4")
+    # 0 never ends an episode for stalling; the step budget does, and says so.
+    result = stall_run(["go east", "go west"] * 10, max_steps=6, stall_steps=0)
+    (end,) = result.trace.of_type("end")
+    assert (
+        result.summary.status == "budget_steps"
+        and end.reason == "the step budget (6) is spent; best score 0 at step 0"
+    )
+    # A task family may set its own.
+    family = {toy_task().family: {"stall_steps": 2}}
+    assert stall_run(["go east", "go west"] * 10, max_steps=20, stall_steps=3, family=family).summary.steps == 3
+    with pytest.raises(ValueError, match="stall_steps"):
+        BudgetConfig(stall_steps=-1)
+    # A won episode has no reason: no budget ended it.
+    won = stall_run(["go east"] * 3 + ["take key", "go east", "open door"], stall_steps=3)
+    assert won.summary.success and won.trace.of_type("end")[0].reason is None
+
+
 # -- the worker process ------------------------------------------------------------------------------
 def test_worker_process_stops_a_call_past_its_limit_and_restarts():
     worker = WorkerProcess("test")

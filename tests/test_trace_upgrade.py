@@ -115,7 +115,8 @@ def today_lines(verdicts: bool) -> list[dict[str, Any]]:
 def as_version(lines: list[dict[str, Any]], version: int) -> list[dict[str, Any]]:
     """Today's lines as a writer of `version` wrote them: the start event with its version and the planner config
     in flat keys, without `act_verdicts` (today's writer adds it); in version 1, acts without `expected_verdict`;
-    before version 4, acts without `notes`; before version 5, ends without `unmet` and commits without `suboptimal`."""
+    before version 4, acts without `notes`; before version 5, ends without `unmet` and commits without `suboptimal`;
+    before version 6, ends without `reason`, `best_score` and `best_step`."""
     old = copy.deepcopy(lines)
     for line in old:
         if line["type"] == "start":
@@ -132,6 +133,9 @@ def as_version(lines: list[dict[str, Any]], version: int) -> list[dict[str, Any]
         if line["type"] == "end" and version < 5:
             assert line["unmet"] is None  # (no sub-goals in these episodes)
             del line["unmet"]
+        if line["type"] == "end" and version < 6:
+            assert line["reason"] is None and line["best_score"] is None  # (written by hand, like a v5 writer)
+            del line["reason"], line["best_score"], line["best_step"]
     return old
 
 

@@ -64,7 +64,7 @@ TRACES = "traces.jsonl"
 EVAL_CONFIG = "eval_config.json"
 TARGET_SOURCES = ("expert", "recovery")  # build's decider sources (data/build.py DECIDER_SOURCES)
 MAX_REPORTED = 3  # skipped episodes named in the report per reason (the rest are counted)
-_TRUNCATED = ("budget_steps", "budget_replans", "budget_tokens", "budget_time")
+_TRUNCATED = ("budget_steps", "budget_stall", "budget_replans", "budget_tokens", "budget_time")
 
 
 @dataclass

@@ -52,6 +52,41 @@ class EpisodeResult:
 
 
 @dataclass
+class Progress:
+    """Which real steps make progress (budgets.stall_steps ends an episode after that many in a row without):
+    a score above the best so far, an observation not seen before in the episode, or a sub-goal met. One
+    definition for the planner and for bench/stall_replay.py, which replays recorded traces through it.
+
+        progress = Progress.start(first_observation)
+        progress.step(1, score, observation)      # True when step 1 made progress
+        progress.stalled(steps)                   # real steps since the last one that did
+    """
+
+    best_score: float = 0.0  # the highest score a step reached, and the first step that reached it
+    best_step: int = 0
+    last_step: int = 0  # the last step that made progress (0: none yet)
+    seen: set[str] = field(default_factory=set)  # normalised observations, the first one included
+
+    @classmethod
+    def start(cls, observation: str) -> Progress:
+        return cls(seen={normalize(observation)})
+
+    def step(self, step: int, score: float, observation: str, met_subgoal: bool = False) -> bool:
+        text = normalize(observation)
+        gained = score > self.best_score
+        if gained:
+            self.best_score, self.best_step = float(score), step
+        made = gained or text not in self.seen or met_subgoal
+        if made:
+            self.last_step = step
+        self.seen.add(text)
+        return made
+
+    def stalled(self, steps: int) -> int:
+        return steps - self.last_step
+
+
+@dataclass
 class EpisodeRun:
     task: Task
     budgets: Budgets
@@ -69,6 +104,7 @@ class EpisodeRun:
     memory: JudgeMemory = field(default_factory=JudgeMemory)
     subgoals: SubgoalTracker | None = None  # the env's sub-goals and the belief (PlannerConfig.subgoals)
     score: float = 0.0
+    progress: Progress | None = None  # the steps' progress (budgets.stall_steps), from the first observation
     replans: int = 0
     pivots: int = 0
     parse_failures: int = 0

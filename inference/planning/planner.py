@@ -77,7 +77,7 @@ from simplan.inference.engines.base import (
     can_embed,
 )
 from simplan.inference.planning.config import PlannerConfig
-from simplan.inference.planning.episode_run import EpisodeResult, EpisodeRun, Queued, state_key
+from simplan.inference.planning.episode_run import EpisodeResult, EpisodeRun, Progress, Queued, state_key
 from simplan.inference.planning.imagination import Imagination
 from simplan.inference.planning.judge import Judge
 from simplan.inference.planning.oracle import EnvOracle
@@ -217,6 +217,7 @@ class Planner:
         meter = MeteredEngine(self.engine, session=trace.episode_id)
         ep = EpisodeRun(task, budgets, trace, meter, obs, obs.goal, env_seconds=env_seconds)
         ep.state = EpisodeState.start(obs.goal, obs.text, obs.tools, obs.valid_actions)
+        ep.progress = Progress.start(obs.text)
         self._note_valid(ep, obs)
         if error is None and cfg.subgoals:
             ep.subgoals = SubgoalTracker.start(self.env, obs.goal)
@@ -252,10 +253,31 @@ class Planner:
                 engine_seconds=round(m.seconds, 6),
                 error=error,
                 unmet=ep.subgoals.unmet_names() if ep.subgoals is not None else None,
+                reason=self._end_reason(ep, status),
+                best_score=ep.progress.best_score if ep.progress is not None else None,
+                best_step=ep.progress.best_step if ep.progress is not None else None,
             ),
             step=ep.steps,
         )
         m.end_session()  # the engine frees what it kept for this episode (the hf prefix cache)
+
+    def _end_reason(self, ep: EpisodeRun, status: str) -> str | None:
+        """Why a budget ended the episode, in words, with the best it reached (None when no budget did)."""
+        b, p = ep.budgets, ep.progress or Progress()
+        why = {
+            "budget_steps": f"the step budget ({b.max_steps}) is spent",
+            "budget_stall": f"{p.stalled(ep.steps)} steps without progress (no score above the best, "
+            "no new observation, no sub-goal met)",
+            "budget_tokens": f"the token budget ({b.token_budget:,}) is spent",
+            "budget_time": f"the time budget ({b.max_seconds:g} s) is spent",
+            "budget_replans": f"the replan budget ({b.max_replans}) is spent",
+        }.get(status)
+        if why is None:
+            return None
+        unmet = ep.subgoals.unmet_names() if ep.subgoals is not None else []
+        return f"{why}; best score {p.best_score:g} at step {p.best_step}" + (
+            f"; unmet: {', '.join(unmet)}" if unmet else ""
+        )
 
     def _loop(self, ep: EpisodeRun) -> tuple[str, bool]:
         """Run until the env ends the episode or a budget does; returns (status, won)."""
@@ -266,6 +288,8 @@ class Planner:
         while True:
             if ep.steps >= b.max_steps:
                 return "budget_steps", False
+            if b.stall_steps and ep.progress is not None and ep.progress.stalled(ep.steps) >= b.stall_steps:
+                return "budget_stall", False
             if b.max_seconds and time.perf_counter() - ep.trace.t0 >= b.max_seconds:
                 return "budget_time", False
             fresh = not queue
@@ -495,8 +519,11 @@ class Planner:
             outcome=outcome,  # what a simulator trained with outcome lines reads in its history, as in training
         )
         ep.obs = obs
-        if ep.subgoals is not None and (change := ep.subgoals.observe(item.action, obs.text, error)) is not None:
+        change = ep.subgoals.observe(item.action, obs.text, error) if ep.subgoals is not None else None
+        if change is not None:
             ep.trace.add(change, step=ep.steps)
+        if ep.progress is not None:
+            ep.progress.step(ep.steps, result.score, obs.text, met_subgoal=change is not None)
         if obs.goal:  # a BFCL user turn, what a TWX agent read: as in the training data
             ep.goal = obs.goal
         self._note_valid(ep, obs)

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 ROUTERS = ("always", "selective")
 ROUTER_RULES = ("either", "both")
 ON_REPLAN_BUDGET = ("react", "stop")
-FAMILY_BUDGET_KEYS = ("max_steps", "max_replans", "token_budget", "horizon", "k")
+FAMILY_BUDGET_KEYS = ("max_steps", "max_replans", "token_budget", "stall_steps", "horizon", "k")
 
 
 def _help(text: str) -> dict[str, str]:
@@ -90,6 +90,15 @@ class BudgetConfig:
         metadata=_help("when the replans are spent: react (act one decided step at a time) or stop the episode"),
     )
     token_budget: int = field(default=0, metadata=_help("model tokens (prompt + completion) per episode; 0 = none"))
+    # Fitted on TWX devfit traces (bench/RESULTS.md "Ending a stalled episode"): the winners' longest stretch without
+    # progress there is 3 steps; 8 is twice the smallest value that ends no winner.
+    stall_steps: int = field(
+        default=8,
+        metadata=_help(
+            "end the episode after this many real steps in a row without progress: no score above the best so "
+            "far, no observation not seen before in the episode, no sub-goal met (status budget_stall); 0 = never"
+        ),
+    )
     # Generous on purpose: CPU evaluations measured 1,493 s per episode on average (bench/history/session-07.md,
     # 12 episodes sharing one hf engine); the budget ends an episode stuck in a loop, not a slow one.
     max_episode_seconds: float = field(
@@ -106,6 +115,7 @@ class BudgetConfig:
             ("max_steps", self.max_steps >= 1, ">= 1"),
             ("max_replans", self.max_replans >= 0, ">= 0"),
             ("token_budget", self.token_budget >= 0, ">= 0 (0 = no limit)"),
+            ("stall_steps", self.stall_steps >= 0, ">= 0 (0 = never)"),
             ("max_episode_seconds", self.max_episode_seconds >= 0, ">= 0 (0 = no limit)"),
         ]
         for name, ok, expected in checks:
@@ -131,6 +141,7 @@ class Budgets:
     horizon: int
     k: int
     max_seconds: float = 0.0  # wall-clock seconds of the episode; 0 = no limit
+    stall_steps: int = 0  # real steps in a row without progress that end the episode; 0 = never
 
 
 @dataclass
@@ -183,7 +194,15 @@ class Router:
 
     def budgets(self, task: Task) -> Budgets:
         c, spend = self.config, self.config.budgets
-        b = Budgets(spend.max_steps, spend.max_replans, spend.token_budget, c.horizon, c.k, spend.max_episode_seconds)
+        b = Budgets(
+            spend.max_steps,
+            spend.max_replans,
+            spend.token_budget,
+            c.horizon,
+            c.k,
+            spend.max_episode_seconds,
+            spend.stall_steps,
+        )
         for key, value in spend.family.get(task.family, {}).items():
             setattr(b, key, int(value))
         return b

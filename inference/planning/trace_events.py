@@ -19,7 +19,7 @@ taken so far).
     replan         why, how many replans used of the budget, banned actions, the failure note
     parse_failure  unparseable model output: role, raw text, reason, how it was handled
     end            status, the env's success flag, final score, steps, counts, tokens, model calls,
-                   wall / planning / env seconds
+                   wall / planning / env seconds; why a budget ended it and the best score it reached
 
 A line holds the fields of its type's dataclass (`to_dict`); the start event holds the format's `version`
 (TRACE_VERSION, whose changelog is below). `upgrade(line)` reads a line of any older version as today's
@@ -48,8 +48,19 @@ from simplan.core.config import flatten, upgrade_keys
 #   4: act events record the notes (pivot notes, data/format.py pivot_note) shown with their observation
 #   5: subgoal events (the env's sub-goals screened a decision or were met by a step); end events record the
 #      sub-goals still unmet; commit events say why a plan is the best of bad ones (suboptimal)
-TRACE_VERSION = 5
-END_STATUSES = ("success", "failed", "budget_steps", "budget_replans", "budget_tokens", "budget_time", "errored")
+#   6: end events say why a budget ended the episode (reason) and the best score it reached (best_score, best_step);
+#      the status budget_stall (budgets.stall_steps)
+TRACE_VERSION = 6
+END_STATUSES = (
+    "success",
+    "failed",
+    "budget_steps",
+    "budget_stall",
+    "budget_replans",
+    "budget_tokens",
+    "budget_time",
+    "errored",
+)
 ACT_SOURCES = ("plan", "reactive", "fallback")
 SEVERITIES = ("warning", "error")
 
@@ -243,6 +254,9 @@ class EndEvent(TraceEvent):
     engine_seconds: float = 0.0  # all engine calls (planning and reactive)
     error: str | None = None  # message when status is "errored"
     unmet: list[str] | None = None  # the env's sub-goals still unmet (None: none declared, or not tracked)
+    reason: str | None = None  # why a budget ended the episode, with the best it reached (None: no budget did)
+    best_score: float | None = None  # the highest score a real step reached (None: a trace older than version 6)
+    best_step: int | None = None  # the first step that reached it
 
 
 EVENT_TYPES: dict[str, type[TraceEvent]] = {
