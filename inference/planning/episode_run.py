@@ -104,7 +104,7 @@ class EpisodeRun:
     memory: JudgeMemory = field(default_factory=JudgeMemory)
     subgoals: SubgoalTracker | None = None  # the env's sub-goals and the belief (PlannerConfig.subgoals)
     score: float = 0.0
-    progress: Progress | None = None  # the steps' progress (budgets.stall_steps), from the first observation
+    progress: Progress = field(default_factory=Progress)  # the steps' progress (budgets.stall_steps)
     replans: int = 0
     pivots: int = 0
     parse_failures: int = 0

@@ -254,8 +254,8 @@ class Planner:
                 error=error,
                 unmet=ep.subgoals.unmet_names() if ep.subgoals is not None else None,
                 reason=self._end_reason(ep, status),
-                best_score=ep.progress.best_score if ep.progress is not None else None,
-                best_step=ep.progress.best_step if ep.progress is not None else None,
+                best_score=ep.progress.best_score,
+                best_step=ep.progress.best_step,
             ),
             step=ep.steps,
         )
@@ -263,7 +263,7 @@ class Planner:
 
     def _end_reason(self, ep: EpisodeRun, status: str) -> str | None:
         """Why a budget ended the episode, in words, with the best it reached (None when no budget did)."""
-        b, p = ep.budgets, ep.progress or Progress()
+        b, p = ep.budgets, ep.progress
         why = {
             "budget_steps": f"the step budget ({b.max_steps}) is spent",
             "budget_stall": f"{p.stalled(ep.steps)} steps without progress (no score above the best, "
@@ -288,7 +288,7 @@ class Planner:
         while True:
             if ep.steps >= b.max_steps:
                 return "budget_steps", False
-            if b.stall_steps and ep.progress is not None and ep.progress.stalled(ep.steps) >= b.stall_steps:
+            if b.stall_steps and ep.progress.stalled(ep.steps) >= b.stall_steps:
                 return "budget_stall", False
             if b.max_seconds and time.perf_counter() - ep.trace.t0 >= b.max_seconds:
                 return "budget_time", False
@@ -522,8 +522,7 @@ class Planner:
         change = ep.subgoals.observe(item.action, obs.text, error) if ep.subgoals is not None else None
         if change is not None:
             ep.trace.add(change, step=ep.steps)
-        if ep.progress is not None:
-            ep.progress.step(ep.steps, result.score, obs.text, met_subgoal=change is not None)
+        ep.progress.step(ep.steps, result.score, obs.text, met_subgoal=change is not None)
         if obs.goal:  # a BFCL user turn, what a TWX agent read: as in the training data
             ep.goal = obs.goal
         self._note_valid(ep, obs)
