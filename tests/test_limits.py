@@ -224,6 +224,7 @@ def stall_run(actions: list[str], **budgets):
 
 def test_steps_without_progress_end_the_episode_saying_why_and_the_best_it_reached():
     from simplan.evaluation.losses import classify_loss
+    from simplan.inference.planning.trace import format_event
 
     assert BudgetConfig().stall_steps == 8  # the fitted default (bench/RESULTS.md "Ending a stalled episode")
     # Room 2 is new (progress at step 1); going back and forth after it shows nothing new: steps 2-4 stall.
@@ -235,6 +236,7 @@ def test_steps_without_progress_end_the_episode_saying_why_and_the_best_it_reach
         "best score 0 at step 0"
     )
     assert classify_loss(result.trace).label == "loop"
+    assert format_event(end).endswith(f"({end.reason})")  # what `simplan traces` prints
     # A score above the best is progress, and so is an observation the episode had not seen.
     walk = ["go east"] * 3 + ["take key"] + ["inventory"] * 10  # "You carry: a key." is new once
     result = stall_run(walk, max_steps=20, stall_steps=3)

@@ -486,9 +486,10 @@ def format_event(e: TraceEvent) -> str:
         fixes = "".join(f"\n  repaired: {a} -> {b}" for a, b in e.repaired.items())
         return f"[sub-goal] {e.subgoal}: {', '.join(e.actions)} fail {'; '.join(e.rejected)}; first now {e.top}{fixes}"
     if isinstance(e, EndEvent):
-        unmet = f" unmet: {', '.join(e.unmet)}" if e.unmet else ""
+        # a budget's reason names the unmet sub-goals too
+        why = f" ({e.reason})" if e.reason else f" unmet: {', '.join(e.unmet)}" if e.unmet else ""
         return (
             f"[end] {e.status} success={e.success} score={e.score:g} steps={e.steps} replans={e.replans} "
-            f"calls={e.model_calls} tokens={e.prompt_tokens + e.completion_tokens} wall={e.wall_seconds:.2f}s{unmet}"
+            f"calls={e.model_calls} tokens={e.prompt_tokens + e.completion_tokens} wall={e.wall_seconds:.2f}s{why}"
         )
     return json.dumps(e.to_dict())
