@@ -225,18 +225,17 @@ def call_regex(tools: Sequence[dict[str, Any]], arguments: bool = True) -> str:
 
 
 def _arguments_regex(schema: dict[str, Any] | None) -> str:
-    """The `k=v, ...` part of a call to a tool whose parameters are `schema`."""
+    """The `k=v, ...` part of a call to a tool whose parameters are `schema`: at most as many arguments as it
+    declares (a model that repeats one cannot run on until its token limit)."""
     properties = schema.get("properties") if schema is not None else None
     if schema is None or not isinstance(properties, dict) or _validator(json.dumps(schema, sort_keys=True)) is None:
         pair = rf"[A-Za-z_][A-Za-z0-9_]*={_untyped(UNTYPED_DEPTH)}"
-    else:
-        pairs = [
-            f"{k}={_value_regex(v)}" for k, v in properties.items() if k.isidentifier() and not keyword.iskeyword(k)
-        ]
-        if not pairs:
-            return ""
-        pair = _either(pairs)
-    return f"(?:{pair}(?:, {pair})*)?"
+        return f"(?:{pair}(?:, {pair})*)?"
+    pairs = [f"{k}={_value_regex(v)}" for k, v in properties.items() if k.isidentifier() and not keyword.iskeyword(k)]
+    if not pairs:
+        return ""
+    pair = _either(pairs)
+    return f"(?:{pair}(?:, {pair}){{0,{len(pairs) - 1}}})?" if len(pairs) > 1 else f"(?:{pair})?"
 
 
 def _value_regex(schema: Any) -> str:

@@ -146,6 +146,8 @@ UNWRITABLE = [
     "mv(src=1, dst='b')",  # a number for a string
     "mv(src='a', dst='b', n=[1, 'x'])",  # an item of the wrong type
     "mv(src='a', dst='b', zz=0)",  # an argument the tool does not declare
+    "mv(src='a', dst='b', n=[1], src='c')",  # more arguments than the tool declares
+    "pwd(), ls()",
     "mv('a', 'b')",  # positional arguments
     "mv(src='a',dst='b')",  # not render_action's separators
     "order(item='kettle', qty='two')",
