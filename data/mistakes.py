@@ -19,6 +19,7 @@ import random
 import re
 from typing import Any
 
+from simplan.envs.actions import tool_specs
 from simplan.envs.base import Action
 
 _OPPOSITE = {"north": "south", "east": "west", "up": "down", "northeast": "southwest", "northwest": "southeast"}
@@ -105,10 +106,6 @@ def invalid_command(valid: list[str] | None, rng: random.Random) -> str:
     return rng.choice(candidates)
 
 
-def _tool_specs(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
-    return [t.get("function", t) for t in tools or [] if isinstance(t.get("function", t), dict)]
-
-
 def argument_pool(plan: list[Action]) -> dict[str, list[Any]]:
     pool: dict[str, list[Any]] = {}
     for a in plan:
@@ -124,7 +121,7 @@ def random_tool_call(
     tools: list[dict[str, Any]], pool: dict[str, list[Any]], rng: random.Random, read_only: bool = False
 ) -> Action | None:
     """A call to one of the task's tools with its required arguments, values borrowed from `pool`."""
-    specs = [t for t in _tool_specs(tools) if t.get("name")]
+    specs = [t for t in tool_specs(tools) if t.get("name")]
     if read_only:
         specs = [t for t in specs if _READ_ONLY_TOOL.match(str(t["name"]).lower())]
     if not specs:
@@ -146,7 +143,7 @@ def random_tool_call(
 
 def invalid_tool_call(tools: list[dict[str, Any]], rng: random.Random) -> Action:
     """An unknown tool, or a real tool called without its required arguments."""
-    specs = [t for t in _tool_specs(tools) if t.get("name")]
+    specs = [t for t in tool_specs(tools) if t.get("name")]
     needs_args = [t for t in specs if (t.get("parameters") or {}).get("required")]
     if needs_args and rng.random() < 0.5:
         return Action.tool_call(str(rng.choice(needs_args)["name"]), {})

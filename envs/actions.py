@@ -145,12 +145,17 @@ def _clip(src: str, n: int = 80) -> str:
 
 # ---------------------------------------------------------------------------------------------
 # A tool call checked against its tool's JSON schema (Observation.tools) before it reaches the env.
+def tool_specs(tools: Sequence[Any] | None) -> list[dict[str, Any]]:
+    """The tool descriptions in `tools`, each {name, description, parameters}: entries as they are, or OpenAI's
+    {type: function, function: {...}} unwrapped; anything that is not a mapping is left out."""
+    return [s for t in tools or [] if isinstance(t, dict) and isinstance(s := t.get("function", t), dict)]
+
+
 def tool_parameters(tools: Sequence[dict[str, Any]], name: str) -> dict[str, Any] | None:
-    """The JSON schema of tool `name`'s arguments in `tools` (entries {name, parameters} or OpenAI's
-    {type: function, function: {name, parameters}}), or None when the tool is not there or declares none."""
-    for tool in tools:
-        spec = tool.get("function", tool) if isinstance(tool, dict) else None
-        if isinstance(spec, dict) and spec.get("name") == name:
+    """The JSON schema of tool `name`'s arguments in `tools` (tool_specs), or None when the tool is not there or
+    declares none."""
+    for spec in tool_specs(tools):
+        if spec.get("name") == name:
             parameters = spec.get("parameters")
             return parameters if isinstance(parameters, dict) and parameters else None
     return None
@@ -216,8 +221,7 @@ def call_regex(tools: Sequence[dict[str, Any]], arguments: bool = True) -> str:
     left to the check before the call runs (argument_problem). A tool without a schema, or with one jsonschema
     does not read, takes any keyword arguments of plain literals. `arguments=False`: only the tool's name is
     constrained, `name(` anything `)`."""
-    names = [str(t.get("name") or t.get("function", {}).get("name", "")) for t in tools if isinstance(t, dict)]
-    names = [n for n in names if n]
+    names = [str(spec["name"]) for spec in tool_specs(tools) if spec.get("name")]
     if not arguments:
         return rf"({'|'.join([re.escape(n) for n in names] + ['finish'])})\(.*\)"
     calls = [rf"{re.escape(n)}\({_arguments_regex(tool_parameters(tools, n))}\)" for n in dict.fromkeys(names)]
