@@ -58,8 +58,8 @@ class Progress:
     definition for the planner and for bench/stall_replay.py, which replays recorded traces through it.
 
         progress = Progress.start(first_observation)
-        progress.step(1, score, observation)      # True when step 1 made progress
-        progress.stalled(steps)                   # real steps since the last one that did
+        progress.step(1, score, observation)      # note real step 1
+        progress.stalled(steps)                   # real steps since the last one that made progress
     """
 
     best_score: float = 0.0  # the highest score a step reached, and the first step that reached it
@@ -71,16 +71,14 @@ class Progress:
     def start(cls, observation: str) -> Progress:
         return cls(seen={normalize(observation)})
 
-    def step(self, step: int, score: float, observation: str, met_subgoal: bool = False) -> bool:
+    def step(self, step: int, score: float, observation: str, met_subgoal: bool = False) -> None:
         text = normalize(observation)
         gained = score > self.best_score
         if gained:
             self.best_score, self.best_step = float(score), step
-        made = gained or text not in self.seen or met_subgoal
-        if made:
+        if gained or text not in self.seen or met_subgoal:
             self.last_step = step
         self.seen.add(text)
-        return made
 
     def stalled(self, steps: int) -> int:
         return steps - self.last_step

@@ -234,6 +234,7 @@ class Planner:
 
     def _end(self, ep: EpisodeRun, status: str, won: bool, error: str | None, t0: float) -> None:
         m = ep.meter
+        unmet = ep.subgoals.unmet_names() if ep.subgoals is not None else None
         ep.trace.add(
             EndEvent(
                 status=status,
@@ -252,8 +253,8 @@ class Planner:
                 env_seconds=round(ep.env_seconds, 6),
                 engine_seconds=round(m.seconds, 6),
                 error=error,
-                unmet=ep.subgoals.unmet_names() if ep.subgoals is not None else None,
-                reason=self._end_reason(ep, status),
+                unmet=unmet,
+                reason=self._end_reason(ep, status, unmet or []),
                 best_score=ep.progress.best_score,
                 best_step=ep.progress.best_step,
             ),
@@ -261,7 +262,7 @@ class Planner:
         )
         m.end_session()  # the engine frees what it kept for this episode (the hf prefix cache)
 
-    def _end_reason(self, ep: EpisodeRun, status: str) -> str | None:
+    def _end_reason(self, ep: EpisodeRun, status: str, unmet: list[str]) -> str | None:
         """Why a budget ended the episode, in words, with the best it reached (None when no budget did)."""
         b, p = ep.budgets, ep.progress
         why = {
@@ -274,7 +275,6 @@ class Planner:
         }.get(status)
         if why is None:
             return None
-        unmet = ep.subgoals.unmet_names() if ep.subgoals is not None else []
         return f"{why}; best score {p.best_score:g} at step {p.best_step}" + (
             f"; unmet: {', '.join(unmet)}" if unmet else ""
         )
