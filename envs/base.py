@@ -17,6 +17,7 @@ both). An adapter whose steps run Python code a thread cannot stop (BFCL's tool 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
@@ -208,6 +209,10 @@ class EnvDefaults:
     #: records keyed by an id (the shop: an order's item, qty and shipped); with `observation=None`, the record
     #: the call would write (its arguments), so that a call is checked before it runs. None: not provided.
     facts: Callable[[Action, str | None, bool], list[Fact]] | None = None
+    #: `inverse(action) -> Action | None`: the action that undoes `action` from the state it led to, where one is
+    #: known (TWX: the move back, closing what was opened, taking back what was put), else None. The planner
+    #: backtracks with it after the pivots `pivot_rules.backtrack` names. None: not provided.
+    inverse: Callable[[Action], Action | None] | None = None
 
 
 EXTRAS: tuple[str, ...] = (
@@ -223,6 +228,7 @@ EXTRAS: tuple[str, ...] = (
     "expert_action",
     "subgoals",
     "facts",
+    "inverse",
 )
 PATTERN_EXTRAS: tuple[str, ...] = (
     "error_patterns",
@@ -294,6 +300,14 @@ def missing_from_complete_list(env: Env, obs: Observation, action: Action) -> bo
     if not obs.valid_actions or not obs.valid_actions_complete:
         return False  # no list, or only a hint (ScienceWorld): a missing action may still work
     return action.key() not in {action_key_of_text(env, a) for a in obs.valid_actions}
+
+
+def inverse_restores(before: Observation, score_before: float, after: StepResult) -> bool:
+    """Whether a step undone by its inverse (`EnvDefaults.inverse`) is back where it was: the valid actions of the
+    state before the step (as a set; none listed counts as the same) and its score. What the planner's backtracking
+    and `simplan envs check` ask of an inverse."""
+    same_actions = sorted(before.valid_actions or []) == sorted(after.observation.valid_actions or [])
+    return same_actions and math.isclose(score_before, float(after.score), abs_tol=1e-9)
 
 
 def parse_command(text: str, max_chars: int = 200) -> Action:

@@ -31,7 +31,10 @@ function below, run in this order by `check_env`, later ones reading what earlie
   regexes that compile, `step_timeout` None or seconds >= 0, `accepts`, `expert_action`, `subgoals` and `facts`
   None or callable;
 - sub-goals: where the adapter declares `subgoals` and `facts` (both or neither), the expert on the expert
-  check's sample never takes a call the first unmet sub-goal rejects, and meets every sub-goal when it wins.
+  check's sample never takes a call the first unmet sub-goal rejects, and meets every sub-goal when it wins;
+- inverses: where the adapter declares `inverse`, on the expert check's sample each expert step that has an inverse
+  is undone by it and taken again: the inverse must restore the valid actions and the score of the state before
+  the step (what the planner's backtracking relies on).
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ from simplan.envs.base import (
     Task,
     env_extra,
     expert_policy,
+    inverse_restores,
     missing_from_complete_list,
 )
 from simplan.envs.subgoals import Belief, first_unmet_rejects, unmet
@@ -443,6 +447,42 @@ def check_subgoals(ctx: CheckContext) -> str:
     return f"the expert meets {met} sub-goals on {len(sample)} tasks and contradicts none"
 
 
+def _undo_each_step(env: Env, task: Task, inverse: Callable[[Action], Action | None]) -> tuple[int, list[str]]:
+    """Walk the expert plan of `task`, undoing each step that has an inverse and taking it again: (steps undone,
+    those the inverse did not restore)."""
+    obs, score = env.reset(task), 0.0
+    undone, problems = 0, []
+    for i, action in enumerate(env.expert_plan()):
+        result = env.step(action)
+        back = inverse(action)
+        if back is not None and not result.done and not result.observation.error:
+            restored = env.step(back)
+            undone += 1
+            if restored.done or not inverse_restores(obs, score, restored):
+                problems.append(f"{task.task_id} step {i} {action.key()!r} undone by {back.key()!r}")
+                return undone, problems  # the walk is off the expert's path
+            result = env.step(action)
+        if result.done:
+            break
+        obs, score = result.observation, float(result.score)
+    return undone, problems
+
+
+def check_inverses(ctx: CheckContext) -> str:
+    """The env's inverses undo what they claim to, on the expert check's sample of train tasks."""
+    env = ctx.env
+    inverse = env_extra(env, "inverse")
+    if inverse is None:
+        return "none declared"
+    sample = [t for tasks in _train_sample(ctx).values() for t in tasks]
+    undone, problems = 0, []
+    for task in sample:
+        n, found = _undo_each_step(env, task, inverse)
+        undone, problems = undone + n, problems + found
+    _require(not problems, f"inverses that do not restore the state: {', '.join(problems[:3])}")
+    return f"{undone} expert steps on {len(sample)} tasks undone, each back to its valid actions and score"
+
+
 def check_after_done(ctx: CheckContext) -> str:
     env = ctx.env
     _require(ctx.last_won is not None, "needs an episode the expert won, which the expert check did not produce")
@@ -477,7 +517,7 @@ def check_extras(ctx: CheckContext) -> str:
     if families:
         unlisted = sorted({t.family for ts in ctx.listed.values() for t in ts} - set(families))
         _require(not unlisted, f"tasks have families {unlisted} that `families` does not list")
-    for name in ("accepts", "expert_action", "subgoals", "facts"):
+    for name in ("accepts", "expert_action", "subgoals", "facts", "inverse"):
         hook = env_extra(env, name)
         _require(hook is None or callable(hook), f"{name} must be None or a method, got {hook!r}")
     for name in PATTERN_EXTRAS:
@@ -519,6 +559,7 @@ def check_env(
         ("step after done", check_after_done),
         ("optional attributes", check_extras),
         ("sub-goals", check_subgoals),
+        ("inverses", check_inverses),
     ]
     for name, check in checks:
         _run(report, name, functools.partial(check, ctx))

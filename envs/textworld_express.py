@@ -59,6 +59,7 @@ raises `envs.base.EnvCrashed` (mark the episode errored) and the next `reset` st
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from simplan.envs.base import FOLDS, Action, EnvCrashed, Observation, StepResult, Task, parse_command
@@ -108,6 +109,7 @@ def _make_twx() -> Any:
 
 
 _OPPOSITE = {"north": "south", "south": "north", "east": "west", "west": "east"}
+_PUT = re.compile(r"put (.+?) (?:in|on) (.+)")  # "put blue cap in shoe cabinet": the thing, where it went
 
 
 def drop_back_and_forth(gold: list[str], through_doors: bool = True) -> list[str]:
@@ -397,6 +399,23 @@ class TextWorldExpressEnv(JvmEnvLifecycle):
         if self._plan is None:
             raise RuntimeError(f"task {self._task.task_id}: no expert plan ({self._plan_error})")
         return list(self._plan)
+
+    def inverse(self, action: Action) -> Action | None:
+        """The command that undoes `action` from the state it led to: the move back, closing what was opened (and
+        opening what was closed), taking back what was put in or on something. None for the rest (what taking,
+        eating or cooking changed is not known from the command alone). `simplan envs check twx` plays each
+        inverse on the expert's paths and checks that it restores the valid actions and the score."""
+        if action.kind != "command":
+            return None
+        text = " ".join(action.text.split())
+        verb, _, rest = text.partition(" ")
+        if verb == "move" and rest in _OPPOSITE:
+            return Action.command(f"move {_OPPOSITE[rest]}")
+        if verb in ("open", "close") and rest:
+            return Action.command(f"{'close' if verb == 'open' else 'open'} {rest}")
+        if put := _PUT.fullmatch(text):
+            return Action.command(f"take {put.group(1)}")
+        return None
 
     def parse_action(self, text: str) -> Action:
         """One line of text = one command (whitespace collapsed, case kept: TWX names are case-sensitive)."""

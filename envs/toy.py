@@ -115,6 +115,11 @@ class ToyEnv:
         plan = ["go east"] * self.key_room + ["take key"] + ["go east"] * (self.n_rooms - 1 - self.key_room)
         return [Action.command(c) for c in plan + ["open door"]]
 
+    def inverse(self, action: Action) -> Action | None:
+        """A move back (EnvDefaults.inverse): "go east" undoes "go west" and the other way round; nothing else."""
+        back = {"go east": "go west", "go west": "go east"}.get(action.text if action.kind == "command" else "")
+        return Action.command(back) if back is not None else None
+
     def parse_action(self, text: str) -> Action:
         cmd = " ".join(text.strip().lower().split())
         if not cmd:

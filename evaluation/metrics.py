@@ -43,6 +43,10 @@ Sub-goals (trace.EpisodeSummary; the env's sub-goals, with PlannerConfig.subgoal
                         proposals decoded again with the value a condition names
     unmet_episodes      episodes that ended with a sub-goal unmet, of subgoal_episodes (those that tracked them)
 
+Backtracking (trace.EpisodeSummary; pivot_rules.backtrack with an env that declares inverses):
+    backtracks          steps undone by their inverse; backtracks_restored: of those, back at the valid actions and
+                        score of the state before the undone step
+
 Transient failures and finishes (`RetryAccount`, from the act events; issue 20's tool-calling envs):
     transient_failures  real actions that failed transiently: an injected transient fault (fault ==
                         "transient") or an error observation matching the env's `transient_patterns`
@@ -348,6 +352,8 @@ class GroupMetrics:
     subgoal_repairs: int = 0
     subgoal_episodes: int = 0
     unmet_episodes: int = 0
+    backtracks: int = 0
+    backtracks_restored: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -403,7 +409,7 @@ def group_metrics(arm: str, family: str, records: list[EpisodeRecord]) -> GroupM
     m.sim_exact = sum(s.sim_exact for s in ss)
     m.sim_accuracy = m.sim_exact / m.sim_predictions if m.sim_predictions else None
     routes = ("simulated_decisions", "reactive_decisions", "routed_reactive", "simulated_tokens", "reactive_tokens")
-    for name in (*routes, "subgoal_screens", "subgoal_repairs"):
+    for name in (*routes, "subgoal_screens", "subgoal_repairs", "backtracks", "backtracks_restored"):
         setattr(m, name, sum(getattr(s, name) for s in ss))
     tracked = [s for s in ss if s.subgoals_unmet is not None]
     m.subgoal_episodes, m.unmet_episodes = len(tracked), sum(bool(s.subgoals_unmet) for s in tracked)

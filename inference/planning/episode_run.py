@@ -41,8 +41,19 @@ def digest_key(*parts: Any) -> str:
 class Queued:
     action: Action
     expectation: str | None
-    source: str  # plan | reactive | fallback
+    source: str  # plan | reactive | fallback | backtrack
     verdict: str | None = None  # the ending predicted for this step (won | lost), traced on its act event
+
+
+@dataclass
+class Backtrack:
+    """A step being undone (pivot_rules.backtrack): the step, the pivots that called for it, and the real state and
+    score before it, which its inverse should restore."""
+
+    undone: Action
+    rules: list[str]
+    before: Observation
+    score_before: float
 
 
 @dataclass
@@ -108,6 +119,7 @@ class EpisodeRun:
     parse_failures: int = 0
     since_replan: int = 0
     degraded: str = ""  # why the loop acts without simulation from now on ("" = it does not)
+    backtrack: Backtrack | None = None  # the step whose inverse is queued (pivot_rules.backtrack)
     calls_at_last_act: int = 0
     prompt_at_last_act: int = 0
     cached_at_last_act: int = 0

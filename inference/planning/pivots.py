@@ -419,6 +419,11 @@ class FactMismatch:
         )
 
 
+# The rules after which a step may be undone (PivotConfig.backtrack): the step changed the state, and not for the
+# better or not as planned. A failed step (error_observation) changed nothing.
+BACKTRACK_RULES = ("expectation_mismatch", "score_drop", "fact_mismatch", "repeated_action", "no_progress")
+
+
 @dataclass
 class PivotConfig:
     """The pivot rules' settings: PlannerConfig's `pivot_rules` section (`--planner.pivot_rules.repeat_limit 4`)."""
@@ -448,6 +453,14 @@ class PivotConfig:
             "where the env declares them"
         ),
     )
+    backtrack: list[str] = field(
+        default_factory=list,
+        metadata=_help(
+            "rules after which the loop backtracks where the env knows the inverse of the step just taken "
+            f"(EnvDefaults.inverse): plays it, bans the undone step in the state it restores, replans from there; "
+            f"any of {', '.join(BACKTRACK_RULES)}; [] = never"
+        ),
+    )
     max_transient_retries: int = field(
         default=2,
         metadata=_help(
@@ -469,6 +482,11 @@ class PivotConfig:
         for name, ok, expected in checks:
             if not ok:
                 raise ValueError(f"pivot_rules.{name}: must be {expected}, got {getattr(self, name)!r}")
+        if unknown := sorted(set(self.backtrack) - set(BACKTRACK_RULES)):
+            raise ValueError(
+                f"pivot_rules.backtrack: {unknown} cannot be backtracked from; use any of "
+                f"{', '.join(BACKTRACK_RULES)} (a failed step changed nothing to undo)"
+            )
         if self.similarity not in METHODS:
             raise ValueError(f"pivot_rules.similarity: {self.similarity!r} is not one of {', '.join(METHODS)}")
 

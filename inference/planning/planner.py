@@ -27,6 +27,10 @@ The loop, from the real state, until the env ends the episode or a budget does:
    With `subgoals` on and an env that declares them (envs/subgoals.py), a queued action that contradicts the
    first unmet sub-goal is the pivot `subgoal_violation` before it runs (a decision's proposals are screened
    against it in imagination.py), and each real step's facts update the belief they are checked on.
+   With `pivot_rules.backtrack` naming a fired rule and an env that knows the inverse of the step just taken
+   (EnvDefaults.inverse: TWX's move back, close what was opened, take back what was put), the replan first plays
+   the inverse: back in the state before the step (its valid actions and score), the undone step is banned there
+   and the decision is made again from that state (a backtrack event says whether the inverse restored it).
    Every pivot leaves a note in the episode state (data/format.py pivot_note: the rules, what was expected, a ban),
    and every arm notes a failed step as collection records it; a decider trained with notes
    (PromptSettings.notes) reads them in its next prompts, and the act events trace them either way.
@@ -64,6 +68,8 @@ from simplan.envs.base import (
     StepResult,
     Task,
     action_key_of_text,
+    env_extra,
+    inverse_restores,
     missing_from_complete_list,
 )
 from simplan.envs.failures import DEFAULT_PROGRESS_PATTERNS, FailureRules, env_patterns
@@ -77,7 +83,14 @@ from simplan.inference.engines.base import (
     can_embed,
 )
 from simplan.inference.planning.config import PlannerConfig
-from simplan.inference.planning.episode_run import EpisodeResult, EpisodeRun, Progress, Queued, state_key
+from simplan.inference.planning.episode_run import (
+    Backtrack,
+    EpisodeResult,
+    EpisodeRun,
+    Progress,
+    Queued,
+    state_key,
+)
 from simplan.inference.planning.imagination import Imagination
 from simplan.inference.planning.judge import Judge
 from simplan.inference.planning.oracle import EnvOracle
@@ -96,6 +109,7 @@ from simplan.inference.planning.router import Router, load_simulator_accuracy
 from simplan.inference.planning.subgoals import SubgoalTracker
 from simplan.inference.planning.trace import (
     ActEvent,
+    BacktrackEvent,
     EndEvent,
     EpisodeTrace,
     ParseFailureEvent,
@@ -110,6 +124,7 @@ from simplan.inference.planning.trace import (
 FAILURE_RULES = (ERROR_RULE, "repeated_action", "score_drop", "no_progress")
 BAN_RULES = (ERROR_RULE, "repeated_action")
 NOT_VALID_NOW = "not_valid_now"  # checked before acting, not by the monitor: see Planner._not_valid_now
+BACKTRACK = "backtrack"  # the source of a queued inverse (pivot_rules.backtrack)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -308,8 +323,10 @@ class Planner:
                     if stop := self._pivot(ep, [event], item, None, queue, monitor):
                         return stop, False
                     continue
-            before_key = state_key(ep.obs)
+            before = ep.obs
             result = self._act(ep, item)
+            if item.source == BACKTRACK:
+                self._backtracked(ep, item, result)
             if result.done:
                 return ("success" if result.won else "failed"), bool(result.won)
             if monitor is None:
@@ -338,7 +355,7 @@ class Planner:
             fired = [e for e in events if e.fired]
             if not fired or ep.steps >= b.max_steps:
                 continue  # (the step budget ends the episode at the top of the loop: no replan to spend)
-            if stop := self._pivot(ep, fired, item, (result, before_key), queue, monitor):
+            if stop := self._pivot(ep, fired, item, (result, before), queue, monitor):
                 return stop, False
 
     def _pivot(
@@ -346,13 +363,14 @@ class Planner:
         ep: EpisodeRun,
         fired: list[PivotEvent],
         item: Queued,
-        acted: tuple[StepResult, str] | None,
+        acted: tuple[StepResult, Observation] | None,
         queue: deque[Queued],
         monitor: PivotMonitor,
     ) -> str | None:
         """Handle fired pivots: learn from the failed action, drop the queue, replan (or stop, or turn
-        reactive once the replan budget is spent). `acted`: the step's result and the state key before
-        it, None when the pivot fired before acting. Returns an end status, or None to go on."""
+        reactive once the replan budget is spent), backtracking first where pivot_rules.backtrack says so. `acted`:
+        the step's result and the real observation before it, None when the pivot fired before acting. Returns an
+        end status, or None to go on."""
         b = ep.budgets
         ep.pivots += len(fired)
         names = [e.rule for e in fired]
@@ -365,8 +383,8 @@ class Planner:
         if acted is not None and any(n in BAN_RULES for n in names) and not changed_plan:
             # A failed action rarely changes the world, so the state after it is the same place
             # under another description: ban the action under both keys.
-            result, before_key = acted
-            keys = {before_key, state_key(ep.obs)} if result.observation.error else {before_key}
+            result, before = acted
+            keys = {state_key(before), state_key(ep.obs)} if result.observation.error else {state_key(before)}
             for k in keys:
                 ep.bans.setdefault(k, set()).add(item.action.key())
             banned = [render_action(item.action)]
@@ -384,6 +402,7 @@ class Planner:
             ep.degraded = ep.degraded or "budget nearly exhausted"
         dropped = len(queue)
         queue.clear()
+        ep.backtrack = None  # an inverse still queued is dropped with the plan
         monitor.reset()
         ep.since_replan = 0
         if ep.replans >= b.max_replans:
@@ -392,6 +411,7 @@ class Planner:
             ep.degraded = "replan budget spent"  # from now on one action per decision: nothing to replan
             return None
         ep.replans += 1
+        undo = self._undo(ep, names, item, acted)
         ep.trace.add(
             ReplanEvent(
                 reason=",".join(names),
@@ -400,10 +420,54 @@ class Planner:
                 dropped=dropped,
                 banned=banned,
                 failure_note=note,
+                backtrack=render_action(undo.action) if undo is not None else None,
             ),
             step=ep.steps,
         )
+        if undo is not None:
+            queue.append(undo)
         return None
+
+    def _undo(
+        self, ep: EpisodeRun, names: list[str], item: Queued, acted: tuple[StepResult, Observation] | None
+    ) -> Queued | None:
+        """The inverse of the step just taken, queued to backtrack, when a fired rule is one of pivot_rules.backtrack,
+        the step changed the state (it did not fail), is not itself an inverse, and the env knows its inverse."""
+        rules = [n for n in names if n in self.config.pivot_rules.backtrack]
+        inverse = env_extra(self.env, "inverse")
+        if not rules or acted is None or inverse is None or item.source == BACKTRACK or acted[0].observation.error:
+            return None
+        back = inverse(item.action)
+        if back is None:
+            return None
+        score_before = ep.records[-2].score if len(ep.records) > 1 else 0.0
+        ep.backtrack = Backtrack(item.action, rules, acted[1], score_before)
+        return Queued(back, None, BACKTRACK)
+
+    def _backtracked(self, ep: EpisodeRun, item: Queued, result: StepResult) -> None:
+        """After an inverse ran: trace whether it restored the state before the undone step (its valid actions and
+        score) and, where it did, ban the undone step there, so that the decision made again takes another."""
+        undo, ep.backtrack = ep.backtrack, None
+        if undo is None:
+            return
+        restored = not result.done and inverse_restores(undo.before, undo.score_before, result)
+        banned = []
+        if restored:
+            for key in {state_key(undo.before), state_key(ep.obs)}:  # the same state, perhaps described otherwise
+                ep.bans.setdefault(key, set()).add(undo.undone.key())
+            banned = [render_action(undo.undone)]
+        ep.trace.add(
+            BacktrackEvent(
+                undone=render_action(undo.undone),
+                action=render_action(item.action),
+                rules=undo.rules,
+                restored=restored,
+                score_before=undo.score_before,
+                score=float(result.score),
+                banned=banned,
+            ),
+            step=ep.steps,
+        )
 
     def _embedder(self, ep: EpisodeRun) -> Callable[[list[str]], list[list[float]]]:
         """Texts -> embeddings through the episode's meter (counted as prompt tokens), for the mismatch rule; each

@@ -39,6 +39,7 @@ from simplan.data.format import VERDICTS, episode_verdict
 from simplan.inference.planning.trace_events import (
     EVENT_TYPES,
     ActEvent,
+    BacktrackEvent,
     CandidateRecord,
     CommitEvent,
     EndEvent,
@@ -313,6 +314,9 @@ class EpisodeSummary:
     subgoal_repairs: int = 0  # proposals decoded again with the value a sub-goal's condition names
     subgoals_unmet: int | None = None  # sub-goals still unmet at the end (None: none declared, or not tracked)
     suboptimal_commits: int = 0  # simulated decisions whose plan was the best of bad ones (commit `suboptimal`)
+    # Backtracking (backtrack events; pivot_rules.backtrack with an env that declares inverses).
+    backtracks: int = 0  # steps undone by their inverse
+    backtracks_restored: int = 0  # of those, back at the valid actions and score before the undone step
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -425,6 +429,8 @@ def summarize(trace: EpisodeTrace) -> EpisodeSummary:
     s.suboptimal_commits = sum(bool(e.suboptimal) for e in trace.of_type("commit"))
     screens = [e for e in trace.of_type("subgoal") if e.check == "screen"]
     s.subgoal_screens, s.subgoal_repairs = len(screens), sum(len(e.repaired) for e in screens)
+    backtracks: list[BacktrackEvent] = trace.of_type("backtrack")
+    s.backtracks, s.backtracks_restored = len(backtracks), sum(e.restored for e in backtracks)
     if end is not None:
         s.subgoals_unmet = None if end.unmet is None else len(end.unmet)
         s.status, s.success, s.score = end.status, bool(end.success), float(end.score)
@@ -476,7 +482,12 @@ def format_event(e: TraceEvent) -> str:
         return f"[pivot {state}] {e.rule} ({e.severity}): {e.message}"
     if isinstance(e, ReplanEvent):
         note = f" note: {e.failure_note}" if e.failure_note else ""
-        return f"[replan {e.replans}/{e.budget}] {e.reason}; dropped {e.dropped}{note}"
+        back = f"; backtracking with {e.backtrack}" if e.backtrack else ""
+        return f"[replan {e.replans}/{e.budget}] {e.reason}; dropped {e.dropped}{note}{back}"
+    if isinstance(e, BacktrackEvent):
+        state = "restored" if e.restored else "NOT restored"
+        ban = f"; banned {', '.join(e.banned)} here" if e.banned else ""
+        return f"[backtrack] {e.action} undid {e.undone} ({'+'.join(e.rules)}): {state}, score {e.score:g}{ban}"
     if isinstance(e, ParseFailureEvent):
         return f"[parse failure] {e.role}: {e.text!r} ({e.reason}); {e.handled}"
     if isinstance(e, SubgoalEvent):

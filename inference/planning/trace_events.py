@@ -13,10 +13,13 @@ taken so far).
     act            one real step: action, real observation, expectation and the verdict predicted with it
                    (won / lost, from the env oracle or a simulator trained with verdicts), the notes shown
                    with the observation it was decided from, match score,
-                   error flag, reward, score, source (plan / reactive / fallback), model calls and tokens
+                   error flag, reward, score, source (plan / reactive / fallback / backtrack), model calls and tokens
                    spent since the previous act, env seconds
     pivot          rule, severity, evidence, and whether it fired or was only counted (a warning)
-    replan         why, how many replans used of the budget, banned actions, the failure note
+    replan         why, how many replans used of the budget, banned actions, the failure note, the inverse
+                   queued to backtrack (pivot_rules.backtrack)
+    backtrack      a step undone by its inverse: which, after which rules, whether the inverse restored the
+                   state before it (its valid actions and score), and the undone step banned there
     parse_failure  unparseable model output: role, raw text, reason, how it was handled
     end            status, the env's success flag, final score, steps, counts, tokens, model calls,
                    wall / planning / env seconds; why a budget ended it and the best score it reached
@@ -50,7 +53,8 @@ from simplan.core.config import flatten, upgrade_keys
 #      sub-goals still unmet; commit events say why a plan is the best of bad ones (suboptimal)
 #   6: end events say why a budget ended the episode (reason) and the best score it reached (best_score, best_step);
 #      the status budget_stall (budgets.stall_steps)
-TRACE_VERSION = 6
+#   7: backtrack events, replan events' `backtrack` (the inverse queued), acts of source "backtrack"
+TRACE_VERSION = 7
 END_STATUSES = (
     "success",
     "failed",
@@ -61,7 +65,7 @@ END_STATUSES = (
     "budget_time",
     "errored",
 )
-ACT_SOURCES = ("plan", "reactive", "fallback")
+ACT_SOURCES = ("plan", "reactive", "fallback", "backtrack")
 SEVERITIES = ("warning", "error")
 
 
@@ -178,7 +182,7 @@ class ActEvent(TraceEvent):
     score: float = 0.0
     done: bool = False
     won: bool = False
-    source: str = "plan"  # plan | reactive | fallback
+    source: str = "plan"  # plan | reactive | fallback | backtrack (an inverse undoing the step before)
     notes: list[str] = field(default_factory=list)  # shown with the observation the action was decided from
     fault: str | None = None  # set by a fault-injecting env wrapper (info["fault"])
     model_calls: int = 0  # engine calls since the previous act
@@ -207,6 +211,22 @@ class ReplanEvent(TraceEvent):
     dropped: int = 0  # queued actions dropped
     banned: list[str] = field(default_factory=list)
     failure_note: str | None = None
+    backtrack: str | None = None  # the inverse queued to undo the step before replanning (None: no backtrack)
+
+
+@dataclass
+class BacktrackEvent(TraceEvent):
+    """A step undone by the env's inverse (pivot_rules.backtrack), traced after the inverse ran: whether it is back
+    in the state before the step (the same valid actions and score), where the undone step is then banned."""
+
+    type: ClassVar[str] = "backtrack"
+    undone: str = ""  # the step undone
+    action: str = ""  # its inverse, the real step just taken
+    rules: list[str] = field(default_factory=list)  # the fired pivots that called for it
+    restored: bool = False  # the valid actions and the score are those before the undone step
+    score_before: float = 0.0  # the score before the undone step
+    score: float = 0.0  # the score after its inverse
+    banned: list[str] = field(default_factory=list)  # the undone step, banned in the restored state
 
 
 @dataclass
@@ -270,6 +290,7 @@ EVENT_TYPES: dict[str, type[TraceEvent]] = {
         ReplanEvent,
         ParseFailureEvent,
         SubgoalEvent,
+        BacktrackEvent,
         EndEvent,
     )
 }
