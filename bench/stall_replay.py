@@ -10,7 +10,8 @@ one ended early keeps its outcome and saves the model tokens it spent afterwards
 what its acts up to that step carry: each act event holds the tokens spent since the previous one). Progress is
 inference/planning/episode_run.py `Progress`, the planner's own definition, with a met sub-goal read from the
 trace's subgoal events (check "step"). A run recorded with a stall budget is replayed only for smaller values
-(its episodes were already ended at its own). The fitted value is twice the smallest value that ends no won
+(its episodes were already ended at its own). An episode whose trace has no end event (a run interrupted while
+it played) is left out and counted as incomplete. The fitted value is twice the smallest value that ends no won
 episode of the fitting runs; the held-out runs say what that margin is worth. No model is run.
 """
 
@@ -63,8 +64,12 @@ def recorded_value(trace: EpisodeTrace) -> int:
 def replay(traces: list[EpisodeTrace], values: tuple[int, ...] = VALUES) -> dict[str, Any]:
     """Per arm: episodes, won, tokens, and per value the winners it ends, the losers it ends early, tokens saved."""
     by_arm: dict[str, list[EpisodeTrace]] = defaultdict(list)
+    incomplete: dict[str, int] = defaultdict(int)
     for t in traces:
-        by_arm[t.arm].append(t)
+        if t.of_type("end"):
+            by_arm[t.arm].append(t)
+        else:
+            incomplete[t.arm] += 1
     out: dict[str, Any] = {}
     for arm, eps in sorted(by_arm.items()):
         ends = [e.of_type("end")[0] for e in eps]
@@ -88,6 +93,7 @@ def replay(traces: list[EpisodeTrace], values: tuple[int, ...] = VALUES) -> dict
         won = sum(1 for e in ends if isinstance(e, EndEvent) and e.success)
         out[arm] = {
             "episodes": len(eps),
+            "incomplete": incomplete[arm],
             "won": won,
             "tokens": total,
             "recorded_stall_steps": recorded,
@@ -109,7 +115,8 @@ def fitted(results: list[dict[str, Any]], values: tuple[int, ...] = VALUES) -> i
 def table(name: str, result: dict[str, Any]) -> list[str]:
     lines = []
     for arm, r in result.items():
-        lines.append(f"\n{name}, {arm}: {r['won']}/{r['episodes']} won, {r['tokens']:,} tokens")
+        left = f" ({r['incomplete']} incomplete, left out)" if r.get("incomplete") else ""
+        lines.append(f"\n{name}, {arm}: {r['won']}/{r['episodes']} won, {r['tokens']:,} tokens{left}")
         lines.append("| stall_steps | won episodes ended | lost episodes ended early | tokens saved |")
         lines.append("|---:|---:|---:|---:|")
         for n, v in r["values"].items():

@@ -70,3 +70,13 @@ def test_the_replay_counts_winners_ended_and_tokens_saved_and_fits_twice_the_saf
     assert bench.fitted([{"reactive": dawdler}], values=(2, 4)) is None
     # a run that had a stall budget is replayed for smaller values only
     assert list(replayed("pacing", stall_steps=4)["values"]) == [2]
+
+
+def test_an_episode_without_its_end_event_is_left_out_and_counted(bench):
+    """A run interrupted while it played leaves traces without an end event: the replay skips them, says how many."""
+    whole = run(SCRIPTS["pacing"], stall_steps=0).trace
+    cut = run(SCRIPTS["expert"], stall_steps=0).trace
+    cut.events = [e for e in cut.events if e.type != "end"]
+    r = bench.replay([whole, cut], values=(2,))["reactive"]
+    assert r["episodes"] == 1 and r["incomplete"] == 1 and r["won"] == 0
+    assert "(1 incomplete, left out)" in "\n".join(bench.table("run", {"reactive": r}))
