@@ -353,6 +353,26 @@ def retry_table(runs: list[RunData]) -> Table | None:
     )
 
 
+def backtrack_table(runs: list[RunData]) -> Table | None:
+    """Steps undone by their inverse per arm (pivot_rules.backtrack), for the runs where one was; None otherwise."""
+    rows = [
+        [r.name, m.arm, str(m.backtracks), str(m.backtracks_restored), f"{m.episodes}"]
+        for r in runs
+        if any(m.backtracks for m in r.arms)
+        for m in r.arms
+    ]
+    if not rows:
+        return None
+    return Table(
+        "Backtracking",
+        ["run", "arm", "steps undone", "of them restored", "episodes"],
+        rows,
+        "A step is undone when a pivot that pivot_rules.backtrack names fired after it and the env knows its inverse "
+        "(EnvDefaults.inverse); restored: the inverse brought back the valid actions and the score of the state "
+        "before the step, where the undone step is then banned.",
+    )
+
+
 def subgoal_table(runs: list[RunData]) -> Table | None:
     """The env's sub-goals at work per arm, for the runs that tracked them (PlannerConfig.subgoals with an env that
     declares them); None when no run did."""

@@ -186,3 +186,16 @@ def test_the_setting_names_rules_that_change_the_state():
     with pytest.raises(ValueError, match="cannot be backtracked from"):
         PlannerConfig.from_dict({"pivot_rules": {"backtrack": ["error_observation"]}})
     assert PlannerConfig().pivot_rules.backtrack == []
+
+
+def test_the_report_counts_the_steps_undone_only_for_runs_that_backtracked(tok, tmp_path):
+    from simplan.evaluation.report import write_report
+    from simplan.inference.planning.trace import append_trace
+
+    on, off = tmp_path / "on", tmp_path / "off"
+    append_trace(on / "traces.jsonl", _planner_run(ToyEnv(), tok, ["expectation_mismatch"])[0].trace)
+    append_trace(off / "traces.jsonl", _planner_run(ToyEnv(), tok, [])[0].trace)
+    assert "Backtracking" not in write_report([off], tmp_path / "off-report")["md"].read_text()
+    md = write_report([on, off], tmp_path / "report")["md"].read_text()
+    table = md.split("### Backtracking")[1].split("###")[0]
+    assert "| on | simplan | 1 | 1 | 1 |" in table and "| off |" not in table
