@@ -11,7 +11,9 @@ where the number is unknown. evaluation/report.py lays them out in report.md and
 from __future__ import annotations
 
 import html
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from simplan.evaluation.losses import LOSS_CLASSES, LOSS_LABELS
 from simplan.evaluation.metrics import GroupMetrics
@@ -353,14 +355,16 @@ def retry_table(runs: list[RunData]) -> Table | None:
     )
 
 
+def _arm_rows(
+    runs: list[RunData], shown: Callable[[GroupMetrics], bool], cells: Callable[[GroupMetrics], list[Any]]
+) -> list[list[str]]:
+    """A row per arm (the run's name, the arm, then `cells`) of each run where some arm is `shown`."""
+    return [[r.name, m.arm, *map(str, cells(m))] for r in runs if any(shown(m) for m in r.arms) for m in r.arms]
+
+
 def backtrack_table(runs: list[RunData]) -> Table | None:
     """Steps undone by their inverse per arm (pivot_rules.backtrack), for the runs where one was; None otherwise."""
-    rows = [
-        [r.name, m.arm, str(m.backtracks), str(m.backtracks_restored), f"{m.episodes}"]
-        for r in runs
-        if any(m.backtracks for m in r.arms)
-        for m in r.arms
-    ]
+    rows = _arm_rows(runs, lambda m: m.backtracks > 0, lambda m: [m.backtracks, m.backtracks_restored, m.episodes])
     if not rows:
         return None
     return Table(
@@ -376,18 +380,11 @@ def backtrack_table(runs: list[RunData]) -> Table | None:
 def subgoal_table(runs: list[RunData]) -> Table | None:
     """The env's sub-goals at work per arm, for the runs that tracked them (PlannerConfig.subgoals with an env that
     declares them); None when no run did."""
-    rows = [
-        [
-            r.name,
-            m.arm,
-            str(m.subgoal_screens),
-            str(m.subgoal_repairs),
-            f"{m.unmet_episodes}/{m.subgoal_episodes}",
-        ]
-        for r in runs
-        if any(m.subgoal_episodes for m in r.arms)
-        for m in r.arms
-    ]
+    rows = _arm_rows(
+        runs,
+        lambda m: m.subgoal_episodes > 0,
+        lambda m: [m.subgoal_screens, m.subgoal_repairs, f"{m.unmet_episodes}/{m.subgoal_episodes}"],
+    )
     if not rows:
         return None
     return Table(
