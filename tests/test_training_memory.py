@@ -263,3 +263,47 @@ def test_release_memory_gives_glibcs_freed_heap_back() -> None:
     before, freed, released = json.loads(out)
     assert freed > before - 100_000  # kB: glibc kept the 800 MB after free()...
     assert released < before - 600_000  # ...and release_memory handed it back
+
+
+MMAP_PROBE = """
+import json
+from pathlib import Path
+import torch
+from simplan.core.memory import mmap_threshold
+
+status = lambda: Path("/proc/self/status").read_text().splitlines()
+rss = lambda: int(next(x for x in status() if x.startswith("VmRSS")).split()[1])
+
+def holes():  # 800 MB of 4 MB tensors, each followed by a 64 kB one that stays; kB resident before and after the free
+    tensors, kept = [], []
+    for _ in range(200):
+        tensors.append(torch.ones(1 << 20))
+        kept.append(torch.ones(1 << 14))
+    before = rss()
+    del tensors
+    return [before, rss()], kept
+
+with mmap_threshold(1 << 20):
+    inside, kept1 = holes()
+after, kept2 = holes()  # glibc's largest threshold (32 MiB): 4 MB blocks from the heap again
+print(json.dumps([inside, after]))
+"""
+
+
+def test_an_mmap_threshold_gives_freed_blocks_back_at_once_and_is_lifted_after() -> None:
+    import subprocess
+    import sys
+
+    if not Path("/proc/self/status").exists():
+        pytest.skip("needs Linux /proc")
+    out = subprocess.run([sys.executable, "-c", MMAP_PROBE], capture_output=True, text=True, check=True).stdout
+    (before, freed), (before_after, freed_after) = json.loads(out)
+    assert freed < before - 600_000  # kB: the 800 MB were their own maps, unmapped by free()
+    assert freed_after > before_after - 100_000  # after the block they are heap again, kept by free()
+
+
+def test_the_mmap_threshold_setting_is_checked() -> None:
+    from simplan.training.config import TrainArguments
+
+    with pytest.raises(ValueError, match="malloc_mmap_threshold"):
+        TrainArguments(output_dir="x", malloc_mmap_threshold=-1)

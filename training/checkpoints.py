@@ -166,6 +166,7 @@ RESUMABLE_CHANGES = frozenset(
         "max_steps",
         "max_minutes",
         "num_threads",
+        "malloc_mmap_threshold",  # where the allocator keeps memory, not what is trained
         "logging_steps",
         "save_steps",
         "save_total_limit",

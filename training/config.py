@@ -149,6 +149,16 @@ class TrainArguments:
         default=True,
         metadata={"help": "compute the LM head only at completion positions (same loss, much less work)"},
     )
+    malloc_mmap_threshold: int = field(
+        default=0,
+        metadata={
+            "help": "glibc: bytes from which an allocation gets its own memory map, given back when freed, for this "
+            "run (0: glibc's own threshold, which grows as blocks are freed, so freed activations stay resident in "
+            "the heap; whole runs of one recipe peaked 3.4-4.4 GiB apart); 8388608 (8 MiB) held the TWX "
+            "simulator recipe at 1,024-token windows at the same speed, 131072 lower but 1.5x slower "
+            '(bench/RESULTS.md "Training throughput"); glibc\'s own comes back after the run'
+        },
+    )
     lm_head_chunk: int = field(
         default=512,
         metadata={
@@ -196,6 +206,12 @@ class TrainArguments:
         _check(self.save_steps > 0, "save_steps", self.save_steps, "a positive integer")
         _check(self.save_total_limit > 0, "save_total_limit", self.save_total_limit, "a positive integer")
         _check(self.lm_head_chunk >= 0, "lm_head_chunk", self.lm_head_chunk, ">= 0 (0 = in one piece)")
+        _check(
+            self.malloc_mmap_threshold >= 0,
+            "malloc_mmap_threshold",
+            self.malloc_mmap_threshold,
+            ">= 0 (0 = glibc's own threshold)",
+        )
         _check(self.logging_steps > 0, "logging_steps", self.logging_steps, "a positive integer")
         _check(self.num_threads >= 0, "num_threads", self.num_threads, ">= 0")
         _check(self.dataloader_num_workers >= 0, "dataloader_num_workers", self.dataloader_num_workers, ">= 0")

@@ -46,7 +46,7 @@ import yaml
 from transformers import TrainingArguments, set_seed
 
 from simplan.core.io import write_json, write_text
-from simplan.core.memory import release_memory
+from simplan.core.memory import mmap_threshold, release_memory
 from simplan.data.format import eos_ends_assistant_turn
 from simplan.models.registry import load_tokenizer
 from simplan.training.checkpoints import check_resumable, last_checkpoint, trim_metrics
@@ -127,6 +127,13 @@ def train(
     model_args: ModelArguments, lora_args: LoraArguments, data_args: DataArguments, train_args: TrainArguments
 ) -> TrainResult:
     """Train a LoRA adapter; rerunning with the same output_dir resumes from its last checkpoint."""
+    with mmap_threshold(train_args.malloc_mmap_threshold):
+        return _train(model_args, lora_args, data_args, train_args)
+
+
+def _train(
+    model_args: ModelArguments, lora_args: LoraArguments, data_args: DataArguments, train_args: TrainArguments
+) -> TrainResult:
     if train_args.num_threads:
         torch.set_num_threads(train_args.num_threads)
     out = Path(train_args.output_dir)
