@@ -7,7 +7,7 @@ bench/bench_train_memory.py measures a step's phases with.
     ...                   # a stage
     rss_mb("VmHWM")       # its peak in MB (None off Linux)
     release_memory()      # collect reference cycles, hand glibc's free heap back to the OS
-    with mmap_threshold(8 << 20): ...   # glibc: blocks of 8 MiB and more in their own maps, unmapped when freed
+    with mmap_threshold(128 << 10): ... # glibc: blocks of 128 KiB and more in their own maps, unmapped when freed
 """
 
 from __future__ import annotations
