@@ -155,7 +155,7 @@ class TrainArguments:
             "help": "glibc: bytes from which an allocation gets its own memory map, given back when freed, for this "
             "run (0: glibc's own threshold, which grows as blocks are freed, so freed activations stay in the heap). "
             "On the TWX simulator recipe at 1,024-token windows: 131072 held every run at 2.85 GiB (3.4-4.4 GiB "
-            "without) at 1.5x the training time, like gradient_checkpointing; 8388608 changed neither "
+            "without) at 1.6x the training time, like gradient_checkpointing; 8388608 changed neither "
             '(bench/RESULTS.md "Training throughput"). After the run the threshold stays fixed at glibc\'s largest'
         },
     )
