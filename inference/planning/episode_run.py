@@ -133,6 +133,17 @@ class EpisodeRun:
     def steps(self) -> int:
         return len(self.past)
 
+    @property
+    def score_before_last(self) -> float:
+        """The score of the real state before the last real step (0.0 before the second step)."""
+        return self.records[-2].score if len(self.records) > 1 else 0.0
+
+    def ban(self, action: Action, *states: Observation) -> None:
+        """Ban `action` in each of the real states `states` (by state_key: the same place under another description
+        gets its own key)."""
+        for key in {state_key(obs) for obs in states}:
+            self.bans.setdefault(key, set()).add(action.key())
+
 
 def state_key(obs: Observation) -> str:
     """The identity of a real state: its text (normalised) and its valid actions (where bans are kept)."""

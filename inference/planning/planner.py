@@ -335,7 +335,7 @@ class Planner:
                 history=ep.records,
                 expectation=item.expectation,
                 since_replan=ep.since_replan,
-                score_before=ep.records[-2].score if len(ep.records) > 1 else 0.0,
+                score_before=ep.score_before_last,
                 max_steps=b.max_steps,
                 tokens_used=ep.meter.tokens,
                 tokens_before=ep.tokens_at_last_act,
@@ -384,9 +384,7 @@ class Planner:
             # A failed action rarely changes the world, so the state after it is the same place
             # under another description: ban the action under both keys.
             result, before = acted
-            keys = {state_key(before), state_key(ep.obs)} if result.observation.error else {state_key(before)}
-            for k in keys:
-                ep.bans.setdefault(k, set()).add(item.action.key())
+            ep.ban(item.action, before, *([ep.obs] if result.observation.error else []))
             banned = [render_action(item.action)]
         # The pivot's note for the next decision (the failed step's note is written by _act, in every arm).
         if others := [n for n in names if n != ERROR_RULE]:
@@ -440,8 +438,7 @@ class Planner:
         back = inverse(item.action)
         if back is None:
             return None
-        score_before = ep.records[-2].score if len(ep.records) > 1 else 0.0
-        ep.backtrack = Backtrack(item.action, rules, acted[1], score_before)
+        ep.backtrack = Backtrack(item.action, rules, acted[1], ep.score_before_last)
         return Queued(back, None, BACKTRACK)
 
     def _backtracked(self, ep: EpisodeRun, item: Queued, result: StepResult) -> None:
@@ -453,8 +450,7 @@ class Planner:
         restored = not result.done and inverse_restores(undo.before, undo.score_before, result)
         banned = []
         if restored:
-            for key in {state_key(undo.before), state_key(ep.obs)}:  # the same state, perhaps described otherwise
-                ep.bans.setdefault(key, set()).add(undo.undone.key())
+            ep.ban(undo.undone, undo.before, ep.obs)  # the same state, perhaps described otherwise
             banned = [render_action(undo.undone)]
         ep.trace.add(
             BacktrackEvent(
@@ -570,7 +566,7 @@ class Planner:
         # The goal changes as collection records it (data/recorder.py): when it differs from the first one.
         changed_goal = obs.goal if obs.goal and obs.goal != ep.state.turns[0].goal else None
         cls = self._failure_class(ep, obs) if error else None  # the failure memory leaves transient ones out
-        before = ep.records[-2].score if len(ep.records) > 1 else 0.0
+        before = ep.score_before_last
         outcome = classify_outcome(error, obs.text, before, result.score, result.done, result.won, self.judge.rules)
         ep.state.step(
             render_action(item.action),
