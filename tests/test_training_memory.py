@@ -233,12 +233,12 @@ def test_micro_batches_with_accumulation_give_the_loss_and_gradients_of_one_batc
 
 
 TRIM_PROBE = """
-import ctypes, json
+import json
 from pathlib import Path
 import torch
-from simplan.core.memory import release_memory
+from simplan.core.memory import release_memory, set_mmap_threshold
 
-ctypes.CDLL("libc.so.6").mallopt(-3, 64 << 20)  # M_MMAP_THRESHOLD: 4 MB tensors on the heap, as glibc sets it itself
+set_mmap_threshold(64 << 20)  # 4 MB tensors on the heap, as glibc's own threshold puts them once it has grown
 status = lambda: Path("/proc/self/status").read_text().splitlines()
 rss = lambda: int(next(x for x in status() if x.startswith("VmRSS")).split()[1])
 tensors, kept = [], []
