@@ -49,6 +49,7 @@ from simplan.core.io import atomic_dir, write_json, write_jsonl, write_text
 from simplan.data import format as fmt
 from simplan.data.build_inputs import (
     MAX_CHARS_PER_TOKEN,
+    check_facts,
     check_folds,
     expand_inputs,
     load_trajectories,
@@ -129,6 +130,14 @@ class BuildConfig:
             "help": "decider, conversation format: each user turn shows its step's notes (the pivot notes collection "
             "records after a failed step and the planner writes on every pivot); the adapter then makes the planner "
             "show its notes too. false: notes stay in the data and traces only"
+        },
+    )
+    snapshot: bool = field(
+        default=False,
+        metadata={
+            "help": "conversation format: each window's system message shows what the steps before it told as "
+            "belief-state facts (the trajectories' `facts`, by the env's extractor: TWX's room, exits and "
+            "inventory; collected with this version); the adapter then makes the planner show them too"
         },
     )
     no_change_per_state: int = field(
@@ -228,6 +237,8 @@ class BuildConfig:
             )
         if self.notes and self.format != "conversation":
             raise ValueError("notes: needs --format conversation (a step prompt has no per-turn notes)")
+        if self.snapshot and self.format != "conversation":
+            raise ValueError("snapshot: needs --format conversation (a step prompt has no windows)")
         if self.no_change_per_state < 0:
             raise ValueError(f"no_change_per_state: must be >= 0, got {self.no_change_per_state}")
         self.settings()  # validates the prompt settings (window overlap, reserve) here, naming the field
@@ -245,6 +256,7 @@ class BuildConfig:
             verdicts=self.verdicts and self.role == "simulator",  # a decider's replies are actions
             outcomes=self.outcomes and self.role == "simulator",
             notes=self.notes and self.role == "decider",  # the simulator's user turns are actions
+            snapshot=self.snapshot,
         )
 
 
@@ -315,6 +327,8 @@ def build(cfg: BuildConfig, tokenizer: Any = None) -> BuildResult:
     if loaded.malformed_lines and not cfg.keep_going:
         refuse_malformed(loaded, files)
     check_folds(loaded.trajectories)
+    if cfg.snapshot:
+        check_facts(loaded.trajectories, files)
     counts: Counter = Counter()
     candidates = make_candidates(loaded.trajectories, cfg, counts) if cfg.format == "step" else []
     t1 = time.perf_counter()

@@ -16,7 +16,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from simplan.core.errors import EmptyInputError, MissingInputError, UsageError
+from simplan.core.errors import EmptyInputError, InputError, MissingInputError, UsageError
 from simplan.core.io import has_lines
 from simplan.data.trajectory import Trajectory
 from simplan.data.validate import read_trajectory_lines
@@ -152,4 +152,16 @@ def check_folds(trajectories: list[Trajectory]) -> None:
         raise FoldLeakError(
             f"{len(leaks)} task id(s) appear in more than one fold: {shown}{more}. "
             "Collect each fold from its own task list, or drop the inputs that mix folds."
+        )
+
+
+def check_facts(trajectories: list[Trajectory], files: list[Path]) -> None:
+    """A snapshot needs facts to show: refuse trajectories of which none records any (`Step.facts`)."""
+    if not any(step.facts for traj in trajectories for step in traj.steps):
+        envs = sorted({traj.env for traj in trajectories})
+        raise InputError(
+            f"--snapshot true: no step of the {len(trajectories)} trajectories in {', '.join(map(str, files))} "
+            f"records facts (envs: {', '.join(envs)}). Collect them again with this version (`simplan collect`; "
+            "each step then keeps what its observation told, by the env's `facts` extractor), declare `facts` on "
+            "the env (docs/writing-an-environment.md), or build without --snapshot"
         )

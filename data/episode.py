@@ -14,7 +14,8 @@ like a real one, and every prompt the planner sends is a prefix of a training se
     renderer.simulator_messages(state, "open fridge")
     renderer.examples(state, "decider")              # training sequences with per-message weights
 
-The decider's conversation: a system message (instructions, goal, tools, the failure memory), then
+The decider's conversation: a system message (instructions, goal, tools, the failure memory and, with
+`PromptSettings.snapshot`, what the steps before the window told as belief-state facts), then
 one user turn per step (the observation, the valid actions when `show_valid` is set, notes) and one
 assistant turn per action. The simulator's is mirrored: the system message also holds the
 observation the window starts from, each action is a user turn and the observation it led to the
@@ -43,6 +44,7 @@ from simplan.data.format import (
     CONVERSATION_SIMULATOR_SYSTEM,
     SECTION_FAILURES,
     SECTION_GOAL,
+    SECTION_KNOWN,
     SECTION_NEW_TOOLS,
     SECTION_NOTE,
     SECTION_START,
@@ -59,6 +61,7 @@ from simplan.data.format import (
 from simplan.data.outcomes import classify_outcome
 from simplan.envs.actions import render_action
 from simplan.envs.failures import FailureRules, rules_of_env
+from simplan.envs.subgoals import Belief, Fact, describe_belief
 
 if TYPE_CHECKING:
     from simplan.data.trajectory import Step, Trajectory
@@ -95,6 +98,10 @@ class PromptSettings:
     # collection records, data/format.py pivot_note). False where the key is missing: an adapter trained before it
     # never saw them, and the planner's notes stay in its traces only.
     notes: bool = False
+    # Decider and simulator: a window's system message shows what the steps before it told as belief-state facts
+    # (Turn.facts, by the env's `facts` extractor: TWX's room, exits and inventory). False where the key is
+    # missing: an adapter trained before it never saw the snapshot.
+    snapshot: bool = False
 
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
@@ -102,13 +109,15 @@ class PromptSettings:
         for name, low in (("budget", 1), ("reserve", 0), ("overlap", 0), ("max_failures", 0), ("max_history", 0)):
             if getattr(self, name) is not None and getattr(self, name) < low:
                 raise ValueError(f"{name}: must be >= {low}, got {getattr(self, name)!r}")
-        for name in ("verdicts", "outcomes", "notes"):
+        for name in ("verdicts", "outcomes", "notes", "snapshot"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}: must be true or false, got {getattr(self, name)!r}")
         if self.verdicts and self.outcomes:
             raise ValueError("verdicts and outcomes: choose one; an outcome line says won or lost already")
         if self.notes and self.format != "conversation":
             raise ValueError("notes: needs format conversation (a step prompt has no per-turn notes)")
+        if self.snapshot and self.format != "conversation":
+            raise ValueError("snapshot: needs format conversation (a step prompt has no windows)")
         if self.format == "conversation" and self.reserve >= self.budget:
             raise ValueError(f"reserve: {self.reserve} leaves nothing of the budget {self.budget}")
 
@@ -176,6 +185,7 @@ class Turn:
     imagined: bool = False
     verdict: str | None = None  # "won" / "lost": this step ended the episode (data/format.py episode_verdict)
     outcome: str | None = None  # what the step led to (data/outcomes.py OUTCOMES), where known
+    facts: list[Fact] = field(default_factory=list)  # what `observation` told (the env's `facts`; Step.facts)
 
 
 @dataclass
@@ -186,9 +196,15 @@ class EpisodeState:
 
     @staticmethod
     def start(
-        goal: str, observation: str, tools: list[dict[str, Any]] | None = None, valid_actions: list[str] | None = None
+        goal: str,
+        observation: str,
+        tools: list[dict[str, Any]] | None = None,
+        valid_actions: list[str] | None = None,
+        facts: Sequence[Fact] = (),
     ) -> EpisodeState:
-        return EpisodeState([Turn(observation=observation, goal=goal, tools=tools, valid_actions=valid_actions)])
+        return EpisodeState(
+            [Turn(observation=observation, goal=goal, tools=tools, valid_actions=valid_actions, facts=list(facts))]
+        )
 
     @property
     def current(self) -> Turn:
@@ -207,10 +223,11 @@ class EpisodeState:
         imagined: bool = False,
         failure: str | None = None,
         outcome: str | None = None,
+        facts: Sequence[Fact] = (),
     ) -> EpisodeState:
         """Close the open turn with `action` and open the next one at `observation`; returns self. `failure`:
         the class of a failed step (the planner's judge decides it), None when unknown; `outcome`: what the step
-        led to (data/outcomes.py), None when unknown."""
+        led to (data/outcomes.py), None when unknown; `facts`: what `observation` told (the env's `facts`)."""
         turn = self.current
         if turn.action is not None:
             raise ValueError("EpisodeState.step: the last turn is closed already (the episode ended)")
@@ -226,6 +243,7 @@ class EpisodeState:
                 valid_actions=valid_actions,
                 notes=list(notes),
                 imagined=imagined,
+                facts=list(facts),
             )
         )
         return self
@@ -269,6 +287,7 @@ class EpisodeState:
                     learn=learn(s),
                     verdict=episode_verdict(s.done, s.won),
                     outcome=step_outcome(s, traj.steps[i - 1].score if i > 0 else 0.0, failures),
+                    facts=[Fact.from_dict(f) for f in s.facts],
                 )
             )
         if traj.steps:
@@ -342,6 +361,9 @@ class ConversationRenderer:
         failures = self.failures_before(state, start)
         if failures:
             parts.append(SECTION_FAILURES.format(items="\n".join(f"- {f}" for f in failures)))
+        known = self.known_before(state, start) if self.settings.snapshot else []
+        if known:
+            parts.append(SECTION_KNOWN.format(items="\n".join(f"- {k}" for k in known)))
         if role == "simulator":
             parts.append(SECTION_START.format(observation=turn.observation.strip()))
         return "\n\n".join(parts)
@@ -364,6 +386,14 @@ class ConversationRenderer:
                 notes.pop(note, None)
                 notes[note] = None
         return list(notes)[-keep:]
+
+    def known_before(self, state: EpisodeState, start: int) -> list[str]:
+        """The snapshot of a window opened at `start`: the belief-state facts the observations before it told
+        (envs/subgoals.py describe_belief), as they stand after the last of them."""
+        belief = Belief()
+        for turn in state.turns[:start]:
+            belief.add(turn.facts)
+        return describe_belief(belief)
 
     def user(self, state: EpisodeState, t: int, start: int) -> str:
         """The decider's user turn of step t in a window opened at `start`."""

@@ -15,7 +15,8 @@ when an observation brings a new goal (a BFCL user turn, a TWX recipe or map the
 
 Given the env's failure rules (`notes=`, as collection does), a step that failed for good (not transiently)
 leaves the planner's note of a failed step (data/format.py failed_step_note) in the next step's `notes`, the
-note every planning arm writes there; harvesting copies the traced notes instead.
+note every planning arm writes there; harvesting copies the traced notes instead. Each step keeps what its
+observation told as belief-state facts (`Step.facts`, by the env's `facts`; the planner extracts the same).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from simplan.data.trajectory import Step, Trajectory
 from simplan.envs.actions import render_action
 from simplan.envs.base import Action, Env, StepResult, Task
 from simplan.envs.failures import FailureRules
+from simplan.envs.subgoals import env_facts
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,7 @@ class Recorder:
         self.pending: list[str] = []  # the notes of the next step (shown with the current observation)
         self.env_steps = 0
         self.obs = env.reset(spec.task)
+        self.facts = self._facts(None, self.obs.text, False)  # what the current observation told (Step.facts)
         self.last: StepResult | None = None
         self.traj = Trajectory(
             id=spec.id,
@@ -114,11 +117,16 @@ class Recorder:
                 source=source,
                 info=info,
                 notes=self.pending,
+                facts=self.facts,
             )
         )
         self.obs, self.last = obs, result
         self.pending = self._notes_after(action, obs.text, bool(obs.error))
+        self.facts = self._facts(action, obs.text, bool(obs.error))
         return result
+
+    def _facts(self, action: Action | None, observation: str, error: bool) -> list[dict[str, Any]]:
+        return [f.to_dict() for f in env_facts(self.env, action, observation, error)]
 
     def _notes_after(self, action: Action, observation: str, flagged: bool) -> list[str]:
         """The notes a step leaves for the next one: a failure the env flagged, unless transient, gets the failed
@@ -143,10 +151,12 @@ class Recorder:
                 valid_actions=list(before.valid_actions) if before.valid_actions is not None else None,
                 source=source,
                 notes=self.pending,
+                facts=self.facts,
             )
         )
         self.obs = replace(before, text=text, error=True)
         self.pending = []  # a fault the env never ran is transient: retried, not noted
+        self.facts = self._facts(action, text, True)  # as the planner extracts them from the failed step
 
     def restore(self, keep: int) -> bool:
         """Reset and replay the first `keep` recorded actions; the replayed steps replace the record.
@@ -159,6 +169,7 @@ class Recorder:
         self.traj.initial_observation = self.obs.text
         self.traj.steps = []
         self.last, self.pending = None, []
+        self.facts = self._facts(None, self.obs.text, False)
         for step in old:
             self.act(step.action, step.source)
             matched = matched and self.steps[-1].next_observation == step.next_observation

@@ -86,12 +86,16 @@ class Step:
     info: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # shown with `observation` (the planner's pivot reasons)
     alternatives: list[Alternative] = field(default_factory=list)  # other actions from this step's state
+    # What `observation` told as belief-state facts (envs/subgoals.py Fact.to_dict), by the env's `facts`
+    # extractor; a window's snapshot shows the facts of the steps before it (PromptSettings.snapshot).
+    facts: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["action"] = self.action.to_dict()
-        if not self.alternatives:  # optional: a record without alternatives reads as it did in version 1
-            del d["alternatives"]
+        for optional in ("alternatives", "facts"):  # a record without them reads as it did before they existed
+            if not d[optional]:
+                del d[optional]
         return d
 
     @staticmethod
@@ -241,6 +245,28 @@ def _optional_problems(obj: dict[str, Any], key: str, types: tuple[type, ...], w
     return [f"{prefix}{key}: expected {what} or null, got {_kind(value)}"]
 
 
+def _facts_problems(value: Any, where: str) -> list[str]:
+    """Belief-state facts: a list of {"collection": str, "key": str or null, "fields": object, "drop"?: bool}."""
+    if not isinstance(value, list):
+        return [f"{where}: expected a list of facts, got {_kind(value)}"]
+    problems = []
+    for j, fact in enumerate(value):
+        ok = (
+            isinstance(fact, dict)
+            and isinstance(fact.get("collection"), str)
+            and (fact.get("key") is None or isinstance(fact.get("key"), str))
+            and isinstance(fact.get("fields", {}), dict)
+            and isinstance(fact.get("drop", False), bool)
+            and set(fact) <= {"collection", "key", "fields", "drop"}
+        )
+        if not ok:
+            problems.append(
+                f"{where}[{j}]: expected {{collection: string, key: string or null, fields: object, drop: bool}}, "
+                f"got {fact!r:.80}"
+            )
+    return problems
+
+
 def _objects_problems(value: Any, where: str) -> list[str]:
     """Tool schemas: null or a list of JSON objects."""
     if value is None:
@@ -361,6 +387,7 @@ def step_problems(step: Any, prefix: str = "") -> list[str]:
     elif info:  # read by the prompt builder: a new user turn's goal and tools (BFCL)
         problems += _optional_problems(info, "goal", (str,), "a string", f"{prefix}info.")
         problems += _objects_problems(info.get("tools"), f"{prefix}info.tools")
+    problems += _facts_problems(step.get("facts", []), f"{prefix}facts")
     alternatives = step.get("alternatives", [])
     if not isinstance(alternatives, list):
         problems.append(f"{prefix}alternatives: expected a list of objects, got {_kind(alternatives)}")

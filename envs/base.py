@@ -206,9 +206,11 @@ class EnvDefaults:
     #: it runs (PlannerConfig.subgoals). None: not provided.
     subgoals: Callable[[str], list[SubGoal]] | None = None
     #: `facts(action, observation, error) -> list[Fact]` (envs/subgoals.py): what a step told about the world, as
-    #: records keyed by an id (the shop: an order's item, qty and shipped); with `observation=None`, the record
-    #: the call would write (its arguments), so that a call is checked before it runs. None: not provided.
-    facts: Callable[[Action, str | None, bool], list[Fact]] | None = None
+    #: records keyed by an id (the shop: an order's item, qty and shipped; TWX: location, exits, inventory); with
+    #: `observation=None`, the record the call would write (its arguments), so that a call is checked before it
+    #: runs; with `action=None`, what the reset observation told. Recorded with each step (Step.facts) and shown
+    #: as a window's snapshot of the steps before it (PromptSettings.snapshot). None: not provided.
+    facts: Callable[[Action | None, str | None, bool], list[Fact]] | None = None
     #: `inverse(action) -> Action | None`: the action that undoes `action` from the state it led to, where one is
     #: known (TWX: the move back, closing what was opened, taking back what was put), else None. The planner
     #: backtracks with it after the pivots `pivot_rules.backtrack` names. None: not provided.

@@ -23,7 +23,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from simplan.envs.actions import render_action
+
+if TYPE_CHECKING:
+    from simplan.envs.base import Action
 
 OPS: tuple[str, ...] = ("==", "!=", "in", "startswith", ">=", "<=")
 
@@ -88,11 +93,25 @@ class SubGoal:
 
 @dataclass(frozen=True)
 class Fact:
-    """Fields of one record of a collection; `key` None: a new record (its id not known yet)."""
+    """Fields of one record of a collection; `key` None: a new record (its id not known yet). With `drop`, the
+    record is gone instead (a TWX item put down), and `key` None drops the whole collection (an inventory listed
+    afresh)."""
 
     collection: str
     key: str | None
-    fields: dict[str, Any]
+    fields: dict[str, Any] = field(default_factory=dict)
+    drop: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fact as trajectories record it (data/trajectory.py Step.facts)."""
+        d: dict[str, Any] = {"collection": self.collection, "key": self.key, "fields": dict(self.fields)}
+        if self.drop:
+            d["drop"] = True
+        return d
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> Fact:
+        return Fact(str(d["collection"]), d.get("key"), dict(d.get("fields") or {}), bool(d.get("drop", False)))
 
 
 @dataclass
@@ -103,6 +122,12 @@ class Belief:
 
     def add(self, facts: Iterable[Fact]) -> None:
         for fact in facts:
+            if fact.drop:
+                if fact.key is None:
+                    self.collections.pop(fact.collection, None)
+                else:
+                    self.collections.get(fact.collection, {}).pop(fact.key, None)
+                continue
             records = self.collections.setdefault(fact.collection, {})
             key = fact.key if fact.key is not None else f"#{len(records) + 1}"
             records.setdefault(key, {}).update(fact.fields)
@@ -120,6 +145,43 @@ class Belief:
 
     def to_dict(self) -> dict[str, dict[str, dict[str, Any]]]:
         return {c: {k: dict(r) for k, r in records.items()} for c, records in self.collections.items()}
+
+
+def env_facts(env: object, action: Action | None, observation: str | None, error: bool) -> list[Fact]:
+    """The env's facts of an observation (`EnvDefaults.facts`; `action` None: the reset observation, `observation`
+    None: what the call intends), checked to be Facts; [] when the env declares no extractor."""
+    from simplan.envs.base import env_extra
+
+    extract = env_extra(env, "facts")
+    if not callable(extract):
+        return []
+    facts = list(extract(action, observation, error))
+    wrong = [f for f in facts if not isinstance(f, Fact)]
+    if wrong:
+        name = type(getattr(env, "unwrapped", env)).__name__
+        shown = "the reset observation" if action is None else repr(render_action(action))
+        raise TypeError(f"{name}.facts({shown}) returned {wrong[0]!r}: expected Fact (envs/subgoals.py)")
+    return facts
+
+
+def describe_belief(belief: Belief) -> list[str]:
+    """The belief as prompt lines, one per collection in the order it was first written: `collection: record;
+    record`, a record its key and its fields (`key (field: value, ...)`), its key alone when it has no fields, its
+    field values alone when its key is "" (a collection of one record: the TWX location). Empty collections are
+    left out."""
+    lines = []
+    for collection, records in belief.collections.items():
+        shown = [_describe_record(key, fields) for key, fields in records.items()]
+        if shown:
+            lines.append(f"{collection}: " + ("; " if any(records.values()) else ", ").join(shown))
+    return lines
+
+
+def _describe_record(key: str, fields: dict[str, Any]) -> str:
+    values = ", ".join(f"{name}: {value}" for name, value in fields.items())
+    if not key:
+        return ", ".join(str(v) for v in fields.values())
+    return f"{key} ({values})" if fields else key
 
 
 def unmet(goals: Iterable[SubGoal], belief: Belief) -> list[SubGoal]:

@@ -65,6 +65,7 @@ from typing import Any
 from simplan.envs.base import FOLDS, Action, EnvCrashed, Observation, StepResult, Task, parse_command
 from simplan.envs.failures import compile_patterns, matches
 from simplan.envs.jvm import JvmEnvLifecycle, JvmHandle
+from simplan.envs.subgoals import Fact
 
 GAMES: tuple[str, ...] = (
     "cookingworld",
@@ -173,6 +174,45 @@ def goal_with_reading(task: str, read: dict[str, str]) -> str:
         lines = [line.strip() for line in text.splitlines() if line.strip()]
         notes.append(READ_NOTE.format(thing=thing, text="\n".join(lines)))
     return "\n\n".join([task, *notes])
+
+
+# What TWX's answers say about where the agent is, the ways out of a room and what it carries (`twx_facts`).
+_HERE = re.compile(r"^You are in the ([^.\n]+)\.")
+_EXIT = re.compile(
+    r"(?:Through an open [^,.\n]+?, to|To) the (North|South|East|West) you see (?:the ([^.\n]+)|(a closed [^.\n]+))\."
+)
+_TAKEN = re.compile(r"^You take the ([^.\n]+)\.")
+_GONE = re.compile(r"^You (?:put|eat) the ([^.\n]+?)(?: (?:in|on) the [^.\n]+)?\.")
+_MEAL = "Adding the meal to your inventory."
+_LISTED = re.compile(r"^Inventory:\s*\n")
+_ARTICLE = re.compile(r"^(?:a|an|some|the) ")
+
+
+def twx_facts(observation: str) -> list[Fact]:
+    """What one TWX answer tells for the belief state (envs/subgoals.py): `location` (the room the agent is
+    in, from "You are in the kitchen."), `exits` of that room by direction ("east: the pantry", through an open
+    door or none; "west: a closed wood door") and `inventory` (an item
+    taken, put or eaten, the meal prepared, or the whole list after `inventory`). The snapshot of a window
+    (data/episode.py, PromptSettings.snapshot) shows these facts of the steps before it."""
+    text = observation.strip()
+    if here := _HERE.match(text):
+        room = here.group(1).strip()
+        exits = {}
+        for m in _EXIT.finditer(text):
+            direction, place, closed = m.groups()
+            exits[direction.lower()] = f"the {place.strip()}" if place else closed.strip()
+        return [Fact("location", "", {"room": room}), Fact("exits", room, exits)]
+    if taken := _TAKEN.match(text):
+        return [Fact("inventory", taken.group(1).strip())]
+    if gone := _GONE.match(text):
+        return [Fact("inventory", gone.group(1).strip(), drop=True)]
+    if text == _MEAL:
+        return [Fact("inventory", "meal")]
+    if _LISTED.match(observation.lstrip()):
+        items = [line.strip() for line in text.splitlines()[1:] if line.strip()]
+        held = [_ARTICLE.sub("", item) for item in items if not item.startswith("Your inventory is")]
+        return [Fact("inventory", None, drop=True)] + [Fact("inventory", item) for item in held]
+    return []
 
 
 def is_error_response(text: str) -> bool:
@@ -416,6 +456,13 @@ class TextWorldExpressEnv(JvmEnvLifecycle):
         if put := _PUT.fullmatch(text):
             return Action.command(f"take {put.group(1)}")
         return None
+
+    def facts(self, action: Action | None, observation: str | None, error: bool) -> list[Fact]:
+        """The belief-state facts of an answer (`twx_facts`): nothing from a failed command or for a command's
+        intent (`observation` None: TWX commands are not checked against sub-goals)."""
+        if observation is None or error:
+            return []
+        return twx_facts(observation)
 
     def parse_action(self, text: str) -> Action:
         """One line of text = one command (whitespace collapsed, case kept: TWX names are case-sensitive)."""

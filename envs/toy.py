@@ -8,10 +8,14 @@ World (per seed): a corridor of 3-5 rooms, the key in one room, a locked door in
 
 from __future__ import annotations
 
+import re
+
 from simplan.envs.base import Action, ActionParseError, Observation, StepResult, Task
+from simplan.envs.subgoals import Fact
 
 _FOLD_SEEDS = {"train": range(0, 100), "dev": range(100, 150), "test": range(150, 200)}
 _VERBS = ("go east", "go west", "take key", "open door", "look", "inventory")
+_ROOM = re.compile(r"^You are in room (\d+) of \d+\.")
 
 
 class ToyEnv:
@@ -119,6 +123,14 @@ class ToyEnv:
         """A move back (EnvDefaults.inverse): "go east" undoes "go west" and the other way round; nothing else."""
         back = {"go east": "go west", "go west": "go east"}.get(action.text if action.kind == "command" else "")
         return Action.command(back) if back is not None else None
+
+    def facts(self, action: Action | None, observation: str | None, error: bool) -> list[Fact]:
+        """The belief-state facts of an answer (EnvDefaults.facts): the room the agent is in, the key once taken."""
+        if observation is None or error:
+            return []
+        if room := _ROOM.match(observation):
+            return [Fact("location", "", {"room": room.group(1)})]
+        return [Fact("inventory", "key")] if observation == "You take the key." else []
 
     def parse_action(self, text: str) -> Action:
         cmd = " ".join(text.strip().lower().split())

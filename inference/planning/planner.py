@@ -73,7 +73,7 @@ from simplan.envs.base import (
     missing_from_complete_list,
 )
 from simplan.envs.failures import DEFAULT_PROGRESS_PATTERNS, FailureRules, env_patterns
-from simplan.envs.subgoals import Fact
+from simplan.envs.subgoals import Fact, env_facts
 from simplan.inference.engines.base import (
     EmbedRequest,
     Engine,
@@ -231,7 +231,8 @@ class Planner:
         # The meter stamps the episode id on every request as its session: the engine may reuse its prefixes.
         meter = MeteredEngine(self.engine, session=trace.episode_id)
         ep = EpisodeRun(task, budgets, trace, meter, obs, obs.goal, env_seconds=env_seconds)
-        ep.state = EpisodeState.start(obs.goal, obs.text, obs.tools, obs.valid_actions)
+        facts = env_facts(self.env, None, obs.text, False) if error is None else []  # as collection records them
+        ep.state = EpisodeState.start(obs.goal, obs.text, obs.tools, obs.valid_actions, facts=facts)
         ep.progress = Progress.start(obs.text)
         self._note_valid(ep, obs)
         if error is None and cfg.subgoals:
@@ -577,6 +578,7 @@ class Planner:
             tools=obs.tools,
             failure=cls,
             outcome=outcome,  # what a simulator trained with outcome lines reads in its history, as in training
+            facts=env_facts(self.env, item.action, obs.text, error),  # a later window's snapshot, as in training
         )
         ep.obs = obs
         change = ep.subgoals.observe(item.action, obs.text, error) if ep.subgoals is not None else None

@@ -23,7 +23,7 @@ from typing import Any
 
 from simplan.envs.actions import render_action
 from simplan.envs.base import Action, env_extra
-from simplan.envs.subgoals import Belief, Condition, Fact, SubGoal, first_unmet_rejects, unmet
+from simplan.envs.subgoals import Belief, Condition, Fact, SubGoal, env_facts, first_unmet_rejects, unmet
 from simplan.inference.planning.judge import is_finish
 from simplan.inference.planning.proposals import Proposal
 from simplan.inference.planning.trace_events import PivotEvent, SubgoalEvent
@@ -59,14 +59,7 @@ class SubgoalTracker:
 
     def facts(self, action: Action, observation: str | None, error: bool) -> list[Fact]:
         """The env's facts of a step (observation None: of the call's intent), checked to be Facts."""
-        facts = list(self.env.facts(action, observation, error))
-        wrong = [f for f in facts if not isinstance(f, Fact)]
-        if wrong:
-            raise TypeError(
-                f"{_name(self.env)}.facts({render_action(action)!r}) returned {wrong[0]!r}: expected Fact "
-                "(envs/subgoals.py)"
-            )
-        return facts
+        return env_facts(self.env, action, observation, error)
 
     @property
     def unmet(self) -> list[SubGoal]:

@@ -225,10 +225,10 @@ class ShopEnv(EnvDefaults):
             SubGoal(f"ship the order of {qty} {product}", "orders", (*order, Condition("shipped", "==", True))),
         ]
 
-    def facts(self, action: Action, observation: str | None, error: bool) -> list[Fact]:
+    def facts(self, action: Action | None, observation: str | None, error: bool) -> list[Fact]:
         """An order placed (its item and qty) or shipped, keyed by order id; with `observation=None`, the order
-        or shipment the call would make. Nothing from a failed call or any other tool."""
-        if action.kind != "tool_call" or action.name not in ("order", "ship") or error:
+        or shipment the call would make. Nothing from a failed call, any other tool or the reset (`action` None)."""
+        if action is None or action.kind != "tool_call" or action.name not in ("order", "ship") or error:
             return []
         args = action.arguments
         if observation is None:  # the call's intent
