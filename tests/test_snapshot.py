@@ -220,3 +220,38 @@ def test_build_with_a_snapshot_needs_recorded_facts(tmp_path, tok):
         )
     with pytest.raises(ValueError, match="snapshot: needs --format conversation"):
         BuildConfig(inputs=["x.jsonl"], out="ds", role="decider", snapshot=True, format="step")
+
+
+def test_fact_mismatch_needs_facts_only_not_sub_goals():
+    """The toy env declares facts and no sub-goals: a simulator that predicts the wrong room fires fact_mismatch
+    (on), and nothing of the kind with the rule off."""
+    from simplan.inference.engines.scripted import toy_expert_action
+    from simplan.inference.planning.trace import PivotEvent, event_from_dict
+
+    def run(on: bool) -> list:
+        env = ToyEnv()
+
+        def wrong_room(req, user):  # every step predicted to end in room 1
+            return "You are in room 1 of 5."
+
+        engine = ScriptedEngine(
+            lambda req, user: toy_expert_action(env), wrong_room, lambda req, t: [0.0] * len(req.candidates)
+        )
+        cfg = PlannerConfig.from_dict(
+            {
+                "arm": "simplan-always",
+                "k": 1,
+                "horizon": 1,
+                "raise_errors": True,
+                "budgets": {"max_steps": 12},
+                "pivot_rules": {"fact_mismatch": on},
+            }
+        )
+        result = Planner(engine, env, cfg).run(env.tasks("dev")[3])
+        events = [event_from_dict(e) for e in result.trace.to_dicts()]
+        return [e for e in events if isinstance(e, PivotEvent) and e.rule == "fact_mismatch"]
+
+    fired = run(True)
+    differences = [d for e in fired for d in e.evidence["differences"]]
+    assert any(d.startswith("location .room: expected '1', got '") for d in differences), differences
+    assert run(False) == []

@@ -501,12 +501,11 @@ class Planner:
     def _facts(self, ep: EpisodeRun, item: Queued, result: StepResult) -> tuple[list[Fact], list[Fact]] | None:
         """The env's facts of the step's expected and real observation, for the fact_mismatch rule (when it is on,
         the env declares facts and the step had an expectation)."""
-        if not self.config.pivot_rules.fact_mismatch or ep.subgoals is None or item.expectation is None:
+        if not self.config.pivot_rules.fact_mismatch or item.expectation is None:
             return None
         obs = result.observation
-        return ep.subgoals.facts(item.action, item.expectation, False), ep.subgoals.facts(
-            item.action, obs.text, obs.error
-        )
+        expected = env_facts(self.env, item.action, item.expectation, False)
+        return expected, env_facts(self.env, item.action, obs.text, bool(obs.error))
 
     def _violates(self, ep: EpisodeRun, item: Queued) -> PivotEvent | None:
         """Pivot `subgoal_violation` (error): a queued action contradicts the first unmet sub-goal (subgoals.py).
