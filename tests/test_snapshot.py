@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
+from test_pivot_notes import NoListToy, _training_prefixes  # pytest puts tests/ on sys.path (rootdir-relative imports)
 
 from simplan.core.errors import InputError
 from simplan.core.io import iter_jsonl
@@ -20,7 +21,7 @@ from simplan.data.episode import EpisodeState, PromptSettings, renderer_for
 from simplan.data.format import SECTION_KNOWN
 from simplan.data.trajectory import Step, Trajectory, step_problems
 from simplan.envs.actions import render_action
-from simplan.envs.base import Action, Observation
+from simplan.envs.base import Action
 from simplan.envs.subgoals import Belief, Fact, describe_belief, env_facts
 from simplan.envs.textworld_express import twx_facts
 from simplan.envs.toy import ToyEnv
@@ -147,22 +148,6 @@ def test_a_window_shows_what_the_steps_before_it_told(tok):
     assert "Known from earlier steps" in renderer.simulator_messages(state, "go east")[0]["content"]
     with pytest.raises(ValueError, match="snapshot: needs format conversation"):
         PromptSettings(format="step", snapshot=True)
-
-
-class NoListToy(ToyEnv):
-    """The toy env without valid-action lists, so a replayed decider may play an action outside them."""
-
-    def _observe(self, text: str, error: bool) -> Observation:
-        return Observation(text=text, goal=self.goal, valid_actions=None, error=error)
-
-
-def _training_prefixes(traj: Trajectory, settings: PromptSettings, tok) -> list[list[dict]]:
-    prefixes = {}
-    for ex in renderer_for(settings, tok).examples(EpisodeState.from_trajectory(traj), "decider"):
-        for i, (m, s, w) in enumerate(zip(ex.messages, ex.steps, ex.weights)):
-            if m["role"] == "assistant" and w:
-                prefixes[s] = ex.messages[:i]
-    return [prefixes[t] for t in range(len(traj.steps))]
 
 
 def test_planner_prompts_with_the_snapshot_are_the_training_prefixes(tmp_path, tok):
