@@ -92,7 +92,7 @@ def invalid_command(valid: list[str] | None, rng: random.Random) -> str:
     valid_set = {norm_command(v) for v in valid or []}
     verbs, objects = ["take", "open", "examine", "eat"], list(_ABSENT_NOUNS)
     move = "go"
-    for v in valid_set:
+    for v in dict.fromkeys(norm_command(v) for v in valid or []):  # the env's order: a set's is the hash seed's
         verb, obj = _verb_object(v)
         if obj:  # verbs that take an object, recombined with other objects: "eat door", "open key"
             verbs.append(verb)

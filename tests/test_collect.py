@@ -316,3 +316,25 @@ def test_skip_holds_out_the_first_tasks_of_each_family() -> None:
     assert [t.task_id for t in first + later] == [t.task_id for t in both]
     with pytest.raises(ValueError, match="skip"):
         CollectConfig(env="toy", skip=-1)
+
+
+def test_a_noisy_experts_invalid_commands_do_not_depend_on_the_hash_seed():
+    """The same rng draws the same invalid command in every process: the valid actions are read in the env's order,
+    not a set's (whose order is the process's string hash seed; collection was not reproducible across runs)."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import random; from simplan.data.mistakes import invalid_command; "
+        "valid = ['take apple', 'open fridge', 'move east', 'examine cookbook', 'put knife in box', 'eat meal']; "
+        "print([invalid_command(valid, random.Random(s)) for s in range(20)])"
+    )
+    draws = {
+        subprocess.run(
+            [sys.executable, "-c", code], env={**os.environ, "PYTHONHASHSEED": seed}, capture_output=True, text=True,
+            check=True,
+        ).stdout
+        for seed in ("1", "2", "3")
+    }  # fmt: skip
+    assert len(draws) == 1, draws
