@@ -3,14 +3,16 @@
 TextWorld-Express and ScienceWorld run their simulators in a JVM reached through py4j. An adapter holds
 one `JvmHandle`, so one adapter object = one JVM, reused across episodes. Any py4j error during a call
 means the episode's state is lost: the handle tears the process down and raises `EnvCrashed`; the
-adapter's next `reset` starts a fresh JVM. Used by envs/textworld_express.py and envs/scienceworld.py;
-not a public API.
+adapter's next `reset` starts a fresh JVM. A start that fails is tried once more, then raises `EnvCrashed`
+naming why. Every JVM starts without an hsperfdata file (`JVM_OPTIONS`, through JAVA_TOOL_OPTIONS). Used by
+envs/textworld_express.py and envs/scienceworld.py; not a public API.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import shutil
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
@@ -19,6 +21,20 @@ from simplan.envs.base import EnvCrashed
 
 T = TypeVar("T")
 R = TypeVar("R")
+
+# Options every JVM an adapter starts is given (the JVM reads JAVA_TOOL_OPTIONS and names it on stderr): no hsperfdata
+# file. With one, a JVM whose pid names a file another process holds locked prints a warning on stdout, where py4j
+# reads the gateway's port, and the start fails (one TWX reset of 80 in session 32).
+JVM_OPTIONS = ("-XX:-UsePerfData",)
+START_TRIES = 2
+
+
+def use_jvm_options() -> None:
+    """Add JVM_OPTIONS to this process's JAVA_TOOL_OPTIONS (what the user set there is kept)."""
+    current = os.environ.get("JAVA_TOOL_OPTIONS", "").split()
+    missing = [o for o in JVM_OPTIONS if o not in current]
+    if missing:
+        os.environ["JAVA_TOOL_OPTIONS"] = " ".join(current + missing)
 
 
 @contextlib.contextmanager
@@ -71,7 +87,18 @@ class JvmHandle(Generic[T]):
                     f"{self.label} needs Java 11+ but `java` is not on PATH; install it "
                     "(e.g. `apt-get install openjdk-17-jre-headless`) or run `make setup`"
                 )
-            self._obj = self._factory()
+            use_jvm_options()
+            for attempt in range(1, START_TRIES + 1):
+                try:
+                    self._obj = self._factory()
+                    break
+                except Exception as e:  # the JVM did not come up (py4j read no port, java exited): try again
+                    if attempt == START_TRIES:
+                        raise EnvCrashed(
+                            f"{self.label} JVM did not start in {START_TRIES} tries ({type(e).__name__}: {e}); the "
+                            "episode is lost and must be marked errored. Check `java -version` (Java 11+) and "
+                            "free memory; the next reset() tries again."
+                        ) from e
             self.starts += 1
         return self._obj
 

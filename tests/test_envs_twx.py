@@ -245,3 +245,31 @@ def test_coin_expert_plans_are_reproducible() -> None:
             assert len(plans) == 1, (task.task_id, plans)
     finally:
         env.close()
+
+
+def test_a_jvm_start_is_tried_twice_and_runs_without_hsperfdata(monkeypatch):
+    """A start that fails (py4j read a JVM warning where its port should be) is tried again; two failures are
+    EnvCrashed naming why. Every start asks the JVM for no hsperfdata file, after what the user set."""
+    from simplan.envs.jvm import JvmHandle
+
+    monkeypatch.setenv("JAVA_TOOL_OPTIONS", "-Xmx1g")
+    tries = []
+
+    def flaky():
+        tries.append(1)
+        if len(tries) == 1:
+            raise ValueError("invalid literal for int() with base 10: b'[0.012s][warning][perf,memops] Cannot use'")
+        return "wrapper"
+
+    handle = JvmHandle(flaky, "Fake")
+    monkeypatch.setattr("shutil.which", lambda name: "/usr/bin/java")
+    assert handle.get() == "wrapper" and len(tries) == 2 and handle.starts == 1
+    import os
+
+    assert os.environ["JAVA_TOOL_OPTIONS"] == "-Xmx1g -XX:-UsePerfData"
+
+    def broken():
+        raise ValueError("no port")
+
+    with pytest.raises(EnvCrashed, match=r"Fake JVM did not start in 2 tries \(ValueError: no port\)"):
+        JvmHandle(broken, "Fake").get()
