@@ -89,10 +89,10 @@ def _verb_object(cmd: str) -> tuple[str, str]:
 
 def invalid_command(valid: list[str] | None, rng: random.Random) -> str:
     """A plausible command that is not valid here: a blocked direction, a wrong verb-object pair, a missing thing."""
-    valid_set = {norm_command(v) for v in valid or []}
+    valid_set = dict.fromkeys(norm_command(v) for v in valid or [])  # in the env's order: a set's is the hash seed's
     verbs, objects = ["take", "open", "examine", "eat"], list(_ABSENT_NOUNS)
     move = "go"
-    for v in dict.fromkeys(norm_command(v) for v in valid or []):  # the env's order: a set's is the hash seed's
+    for v in valid_set:
         verb, obj = _verb_object(v)
         if obj:  # verbs that take an object, recombined with other objects: "eat door", "open key"
             verbs.append(verb)

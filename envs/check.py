@@ -403,6 +403,14 @@ def check_expert(ctx: CheckContext) -> str:
     return f"{won}/{len(sample)} won ({per_family}){note}"
 
 
+def _play_expert(env: Env, task: Task, first: Observation, watch: Watch) -> StepResult | None:
+    """The env's reacting expert from `first` (the reset observation of `task`) where it has one, else its plan,
+    each step seen by `watch`: the last result."""
+    if expert_policy(env) is not None:
+        return play_policy(env, task, first, watch=watch)[0]
+    return play(env, task, env.expert_plan(), watch=watch)[0]
+
+
 def _expert_against_subgoals(env: Env, task: Task, declare: Callable, facts: Callable) -> tuple[int, list[str]]:
     """Play the expert on `task` with its sub-goals watched: (sub-goals it met, what disagreed)."""
     obs = env.reset(task)
@@ -420,10 +428,7 @@ def _expert_against_subgoals(env: Env, task: Task, declare: Callable, facts: Cal
         belief.add(facts(action, result.observation.text, bool(result.observation.error)))
         step += 1
 
-    if expert_policy(env) is not None:
-        last, _, _ = play_policy(env, task, obs, watch=watch)
-    else:
-        last, _, _ = play(env, task, env.expert_plan(), watch=watch)
+    last = _play_expert(env, task, obs, watch)
     left = unmet(goals, belief)
     if last is not None and last.won and left:
         problems.append(f"{task.task_id}: won with {left[0].name!r} unmet")
@@ -443,10 +448,7 @@ def _expert_facts(env: Env, sample: list[Task]) -> str:
     for task in sample:
         obs = env.reset(task)
         counts[0] += len(env_facts(env, None, obs.text, False))
-        if expert_policy(env) is not None:
-            play_policy(env, task, obs, watch=watch)
-        else:
-            play(env, task, env.expert_plan(), watch=watch)
+        _play_expert(env, task, obs, watch)
     return f"no sub-goals; facts: {counts[0]} from {counts[1]} expert steps on {len(sample)} tasks (resets included)"
 
 

@@ -191,9 +191,9 @@ _ARTICLE = re.compile(r"^(?:a|an|some|the) ")
 def twx_facts(observation: str) -> list[Fact]:
     """What one TWX answer tells for the belief state (envs/subgoals.py): `location` (the room the agent is
     in, from "You are in the kitchen."), `exits` of that room by direction ("east: the pantry", through an open
-    door or none; "west: a closed wood door") and `inventory` (an item
-    taken, put or eaten, the meal prepared, or the whole list after `inventory`). The snapshot of a window
-    (data/episode.py, PromptSettings.snapshot) shows these facts of the steps before it."""
+    door or none; "west: a closed wood door") and `inventory` (an item taken, put or eaten, the meal prepared,
+    or the whole list after `inventory`). The snapshot of a window (data/episode.py, PromptSettings.snapshot)
+    shows these facts of the steps before it."""
     text = observation.strip()
     if here := _HERE.match(text):
         room = here.group(1).strip()
@@ -208,7 +208,7 @@ def twx_facts(observation: str) -> list[Fact]:
         return [Fact("inventory", gone.group(1).strip(), drop=True)]
     if text == _MEAL:
         return [Fact("inventory", "meal")]
-    if _LISTED.match(observation.lstrip()):
+    if _LISTED.match(text):
         items = [line.strip() for line in text.splitlines()[1:] if line.strip()]
         held = [_ARTICLE.sub("", item) for item in items if not item.startswith("Your inventory is")]
         return [Fact("inventory", None, drop=True)] + [Fact("inventory", item) for item in held]

@@ -23,7 +23,7 @@ from simplan.data.trajectory import Step, Trajectory, step_problems
 from simplan.envs.actions import render_action
 from simplan.envs.base import Action
 from simplan.envs.subgoals import Belief, Fact, describe_belief, env_facts
-from simplan.envs.textworld_express import twx_facts
+from simplan.envs.textworld_express import TextWorldExpressEnv, twx_facts
 from simplan.envs.toy import ToyEnv
 from simplan.inference.engines.scripted import ScriptedEngine
 from simplan.inference.planning.config import PlannerConfig
@@ -72,8 +72,6 @@ def test_twx_facts_keep_the_room_its_exits_and_the_inventory():
     assert _belief("You take the coin.", "Inventory: \n  Your inventory is currently empty.\n") == []
     # nothing from an answer that tells none of these, nor from a failed command or a command's intent
     assert twx_facts("You open the fridge. The fridge contains some water.") == []
-    from simplan.envs.textworld_express import TextWorldExpressEnv
-
     env = TextWorldExpressEnv.__new__(TextWorldExpressEnv)  # `facts` reads no state: no JVM needed
     assert env.facts(Action.command("take x"), "You take the x.", True) == []
     assert env.facts(Action.command("take x"), None, False) == []

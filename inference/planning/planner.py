@@ -342,7 +342,7 @@ class Planner:
                 tokens_before=ep.tokens_at_last_act,
                 max_tokens=b.token_budget,
                 embed=self._embedder(ep) if self.embeds else None,
-                facts=self._facts(ep, item, result),
+                facts=self._facts(ep, item),
             )
             if (retry := self.transient.check(ctx)) is not None:
                 retry.fired = True  # the same action again: no model call, failure note, ban or replan
@@ -498,14 +498,12 @@ class Planner:
             fired=True,
         )
 
-    def _facts(self, ep: EpisodeRun, item: Queued, result: StepResult) -> tuple[list[Fact], list[Fact]] | None:
+    def _facts(self, ep: EpisodeRun, item: Queued) -> tuple[list[Fact], list[Fact]] | None:
         """The env's facts of the step's expected and real observation, for the fact_mismatch rule (when it is on,
-        the env declares facts and the step had an expectation)."""
+        the env declares facts and the step had an expectation); the real ones as `_act` put them in the state."""
         if not self.config.pivot_rules.fact_mismatch or item.expectation is None:
             return None
-        obs = result.observation
-        expected = env_facts(self.env, item.action, item.expectation, False)
-        return expected, env_facts(self.env, item.action, obs.text, bool(obs.error))
+        return env_facts(self.env, item.action, item.expectation, False), ep.state.current.facts
 
     def _violates(self, ep: EpisodeRun, item: Queued) -> PivotEvent | None:
         """Pivot `subgoal_violation` (error): a queued action contradicts the first unmet sub-goal (subgoals.py).
