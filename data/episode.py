@@ -210,6 +210,14 @@ class EpisodeState:
     def current(self) -> Turn:
         return self.turns[-1]
 
+    def belief(self, upto: int | None = None) -> Belief:
+        """What the facts of the observations before turn `upto` (all of them: None) tell, the later over the
+        earlier (envs/subgoals.py Belief)."""
+        belief = Belief()
+        for turn in self.turns[:upto]:
+            belief.add(turn.facts)
+        return belief
+
     def step(
         self,
         action: str,
@@ -390,10 +398,7 @@ class ConversationRenderer:
     def known_before(self, state: EpisodeState, start: int) -> list[str]:
         """The snapshot of a window opened at `start`: the belief-state facts the observations before it told
         (envs/subgoals.py describe_belief), as they stand after the last of them."""
-        belief = Belief()
-        for turn in state.turns[:start]:
-            belief.add(turn.facts)
-        return describe_belief(belief)
+        return describe_belief(state.belief(start))
 
     def user(self, state: EpisodeState, t: int, start: int) -> str:
         """The decider's user turn of step t in a window opened at `start`."""

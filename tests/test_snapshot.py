@@ -238,3 +238,28 @@ def test_fact_mismatch_needs_facts_only_not_sub_goals():
     differences = [d for e in fired for d in e.evidence["differences"]]
     assert any(d.startswith("location .room: expected '1', got '") for d in differences), differences
     assert run(False) == []
+
+
+def test_the_end_event_records_what_the_real_steps_told():
+    """The trace's end event holds the belief the real observations built, as a snapshot shows it, and the
+    readable trace prints it; an env without facts records none."""
+    from simplan.inference.engines.scripted import toy_expert_action
+    from simplan.inference.planning.trace import EndEvent, event_from_dict, format_event
+
+    def end(env) -> EndEvent:
+        engine = ScriptedEngine(lambda req, user: toy_expert_action(env))
+        cfg = PlannerConfig.from_dict({"arm": "reactive", "raise_errors": True, "budgets": {"max_steps": 12}})
+        result = Planner(engine, env, cfg).run(env.tasks("dev")[3])
+        assert result.summary.success
+        return event_from_dict(result.trace.to_dicts()[-1])
+
+    env = ToyEnv()
+    last = end(env)
+    room = env.pos + 1  # where the won episode stands
+    assert last.belief == [f"location: {room}", "inventory: key"]
+    assert f"\n  known: location: {room}\n  known: inventory: key" in format_event(last)
+
+    class NoFacts(ToyEnv):
+        facts = None
+
+    assert end(NoFacts()).belief is None

@@ -116,7 +116,7 @@ def as_version(lines: list[dict[str, Any]], version: int) -> list[dict[str, Any]
     """Today's lines as a writer of `version` wrote them: the start event with its version and the planner config
     in flat keys, without `act_verdicts` (today's writer adds it); in version 1, acts without `expected_verdict`;
     before version 4, acts without `notes`; before version 5, ends without `unmet` and commits without `suboptimal`;
-    before version 6, ends without `reason`, `best_score` and `best_step`."""
+    before version 6, ends without `reason`, `best_score` and `best_step`; before version 8, ends without `belief`."""
     old = copy.deepcopy(lines)
     for line in old:
         if line["type"] == "start":
@@ -136,6 +136,9 @@ def as_version(lines: list[dict[str, Any]], version: int) -> list[dict[str, Any]
         if line["type"] == "end" and version < 6:
             assert line["reason"] is None and line["best_score"] is None  # (written by hand, like a v5 writer)
             del line["reason"], line["best_score"], line["best_step"]
+        if line["type"] == "end" and version < 8:
+            assert line["belief"] is None  # (written by hand: no env facts)
+            del line["belief"]
     return old
 
 

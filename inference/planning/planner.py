@@ -73,7 +73,7 @@ from simplan.envs.base import (
     missing_from_complete_list,
 )
 from simplan.envs.failures import DEFAULT_PROGRESS_PATTERNS, FailureRules, env_patterns
-from simplan.envs.subgoals import Fact, env_facts
+from simplan.envs.subgoals import Fact, describe_belief, env_facts
 from simplan.inference.engines.base import (
     EmbedRequest,
     Engine,
@@ -273,6 +273,7 @@ class Planner:
                 reason=self._end_reason(ep, status, unmet or []),
                 best_score=ep.progress.best_score,
                 best_step=ep.progress.best_step,
+                belief=describe_belief(ep.state.belief()) if callable(env_extra(self.env, "facts")) else None,
             ),
             step=ep.steps,
         )

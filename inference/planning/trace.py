@@ -499,8 +499,10 @@ def format_event(e: TraceEvent) -> str:
     if isinstance(e, EndEvent):
         # a budget's reason names the unmet sub-goals too
         why = f" ({e.reason})" if e.reason else f" unmet: {', '.join(e.unmet)}" if e.unmet else ""
+        known = "".join(f"\n  known: {line}" for line in e.belief or ())
         return (
             f"[end] {e.status} success={e.success} score={e.score:g} steps={e.steps} replans={e.replans} "
             f"calls={e.model_calls} tokens={e.prompt_tokens + e.completion_tokens} wall={e.wall_seconds:.2f}s{why}"
+            f"{known}"
         )
     return json.dumps(e.to_dict())

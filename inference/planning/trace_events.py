@@ -54,7 +54,8 @@ from simplan.core.config import flatten, upgrade_keys
 #   6: end events say why a budget ended the episode (reason) and the best score it reached (best_score, best_step);
 #      the status budget_stall (budgets.stall_steps)
 #   7: backtrack events, replan events' `backtrack` (the inverse queued), acts of source "backtrack"
-TRACE_VERSION = 7
+#   8: end events record the belief the real steps' facts built (belief), as a window's snapshot shows it
+TRACE_VERSION = 8
 END_STATUSES = (
     "success",
     "failed",
@@ -277,6 +278,9 @@ class EndEvent(TraceEvent):
     reason: str | None = None  # why a budget ended the episode, with the best it reached (None: no budget did)
     best_score: float | None = None  # the highest score a real step reached (None: a trace older than version 6)
     best_step: int | None = None  # the first step that reached it
+    # What the real observations' facts told by the end (envs/subgoals.py describe_belief: the lines a window's
+    # snapshot shows); None where the env declares no facts (or a trace older than version 8).
+    belief: list[str] | None = None
 
 
 EVENT_TYPES: dict[str, type[TraceEvent]] = {
