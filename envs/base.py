@@ -215,6 +215,11 @@ class EnvDefaults:
     #: known (TWX: the move back, closing what was opened, taking back what was put), else None. The planner
     #: backtracks with it after the pivots `pivot_rules.backtrack` names. None: not provided.
     inverse: Callable[[Action], Action | None] | None = None
+    #: The name of the tool that asks the user what the request left out (a quantity, a choice), answered by the
+    #: env from the task's hidden intent. The agent calls it like any tool (a decider learns when from experts
+    #: that ask); each call is a cost the trace counts (the end event's `asks`) and the report shows. None: the
+    #: env has no one to ask.
+    ask_tool: str | None = None
 
 
 EXTRAS: tuple[str, ...] = (
@@ -231,6 +236,7 @@ EXTRAS: tuple[str, ...] = (
     "subgoals",
     "facts",
     "inverse",
+    "ask_tool",
 )
 PATTERN_EXTRAS: tuple[str, ...] = (
     "error_patterns",

@@ -354,6 +354,10 @@ class GroupMetrics:
     unmet_episodes: int = 0
     backtracks: int = 0
     backtracks_restored: int = 0
+    ask_episodes: int = 0  # episodes on an env with someone to ask (EnvDefaults.ask_tool)
+    asks: int = 0  # their calls to the ask tool
+    asked_episodes: int = 0  # of them, episodes that asked at least once
+    asked_successes: int = 0  # of those, won
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -413,6 +417,10 @@ def group_metrics(arm: str, family: str, records: list[EpisodeRecord]) -> GroupM
         setattr(m, name, sum(getattr(s, name) for s in ss))
     tracked = [s for s in ss if s.subgoals_unmet is not None]
     m.subgoal_episodes, m.unmet_episodes = len(tracked), sum(bool(s.subgoals_unmet) for s in tracked)
+    asking = [s for s in ss if s.asks is not None]
+    m.ask_episodes, m.asks = len(asking), sum(s.asks or 0 for s in asking)
+    m.asked_episodes = sum(bool(s.asks) for s in asking)
+    m.asked_successes = sum(bool(s.asks) and s.success for s in asking)
     lost = Counter(r.loss.label for r in records if r.loss is not None)
     m.losses = {label: lost[label] for label in LOSS_CLASSES if lost[label]}
     prompt_step_metrics(m, records)

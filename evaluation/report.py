@@ -40,6 +40,7 @@ from simplan.evaluation.report_tables import (
     Table,
     arm_comparisons,
     arms_table,
+    ask_table,
     backtrack_table,
     coverage_lines,
     family_tables,
@@ -127,9 +128,7 @@ def write_report(
     goals = subgoal_table(runs)
     if goals is not None:
         main.append(goals)
-    backtracks = backtrack_table(runs)
-    if backtracks is not None:
-        main.append(backtracks)
+    main += [t for t in (backtrack_table(runs), ask_table(runs)) if t is not None]
     verdicts = verdict_table(runs)
     if verdicts is not None:
         main.append(verdicts)

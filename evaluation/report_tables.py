@@ -377,6 +377,25 @@ def backtrack_table(runs: list[RunData]) -> Table | None:
     )
 
 
+def ask_table(runs: list[RunData]) -> Table | None:
+    """Questions to the user per arm, for the runs on an env with someone to ask (EnvDefaults.ask_tool); None
+    otherwise."""
+    rows = _arm_rows(
+        runs,
+        lambda m: m.ask_episodes > 0,
+        lambda m: [m.asks, f"{m.asked_episodes}/{m.ask_episodes}", of_count(m.asked_successes, m.asked_episodes)],
+    )
+    if not rows:
+        return None
+    return Table(
+        "Questions to the user",
+        ["run", "arm", "questions asked", "episodes that asked / episodes", "of them won"],
+        rows,
+        "A question is a real call to the tool the env declares for asking the user what the request left out "
+        "(EnvDefaults.ask_tool), answered from the task's hidden intent; each one is a cost (a step, a model call).",
+    )
+
+
 def subgoal_table(runs: list[RunData]) -> Table | None:
     """The env's sub-goals at work per arm, for the runs that tracked them (PlannerConfig.subgoals with an env that
     declares them); None when no run did."""

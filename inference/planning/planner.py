@@ -274,10 +274,18 @@ class Planner:
                 best_score=ep.progress.best_score,
                 best_step=ep.progress.best_step,
                 belief=describe_belief(ep.state.belief()) if callable(env_extra(self.env, "facts")) else None,
+                asks=self._asks(ep),
             ),
             step=ep.steps,
         )
         m.end_session()  # the engine frees what it kept for this episode (the hf prefix cache)
+
+    def _asks(self, ep: EpisodeRun) -> int | None:
+        """The episode's real calls to the env's ask tool (None: the env declares none)."""
+        tool = env_extra(self.env, "ask_tool")
+        if not tool:
+            return None
+        return sum(a.kind == "tool_call" and a.name == tool for a, _, _ in ep.past)
 
     def _end_reason(self, ep: EpisodeRun, status: str, unmet: list[str]) -> str | None:
         """Why a budget ended the episode, in words, with the best it reached (None when no budget did)."""

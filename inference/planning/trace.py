@@ -313,6 +313,7 @@ class EpisodeSummary:
     subgoal_screens: int = 0  # decisions with a proposal that contradicted the first unmet sub-goal
     subgoal_repairs: int = 0  # proposals decoded again with the value a sub-goal's condition names
     subgoals_unmet: int | None = None  # sub-goals still unmet at the end (None: none declared, or not tracked)
+    asks: int | None = None  # calls to the env's ask tool (None: the env has no one to ask)
     suboptimal_commits: int = 0  # simulated decisions whose plan was the best of bad ones (commit `suboptimal`)
     # Backtracking (backtrack events; pivot_rules.backtrack with an env that declares inverses).
     backtracks: int = 0  # steps undone by their inverse
@@ -433,6 +434,7 @@ def summarize(trace: EpisodeTrace) -> EpisodeSummary:
     s.backtracks, s.backtracks_restored = len(backtracks), sum(e.restored for e in backtracks)
     if end is not None:
         s.subgoals_unmet = None if end.unmet is None else len(end.unmet)
+        s.asks = end.asks
         s.status, s.success, s.score = end.status, bool(end.success), float(end.score)
         s.model_calls, s.prompt_tokens, s.completion_tokens = end.model_calls, end.prompt_tokens, end.completion_tokens
         s.cached_prompt_tokens = end.cached_prompt_tokens
@@ -500,6 +502,7 @@ def format_event(e: TraceEvent) -> str:
         # a budget's reason names the unmet sub-goals too
         why = f" ({e.reason})" if e.reason else f" unmet: {', '.join(e.unmet)}" if e.unmet else ""
         known = "".join(f"\n  known: {line}" for line in e.belief or ())
+        why += f" asked={e.asks}" if e.asks else ""
         return (
             f"[end] {e.status} success={e.success} score={e.score:g} steps={e.steps} replans={e.replans} "
             f"calls={e.model_calls} tokens={e.prompt_tokens + e.completion_tokens} wall={e.wall_seconds:.2f}s{why}"

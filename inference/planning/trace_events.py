@@ -54,7 +54,8 @@ from simplan.core.config import flatten, upgrade_keys
 #   6: end events say why a budget ended the episode (reason) and the best score it reached (best_score, best_step);
 #      the status budget_stall (budgets.stall_steps)
 #   7: backtrack events, replan events' `backtrack` (the inverse queued), acts of source "backtrack"
-#   8: end events record the belief the real steps' facts built (belief), as a window's snapshot shows it
+#   8: end events record the belief the real steps' facts built (belief), as a window's snapshot shows it, and
+#      the calls to the env's ask tool (asks)
 TRACE_VERSION = 8
 END_STATUSES = (
     "success",
@@ -281,6 +282,7 @@ class EndEvent(TraceEvent):
     # What the real observations' facts told by the end (envs/subgoals.py describe_belief: the lines a window's
     # snapshot shows); None where the env declares no facts (or a trace older than version 8).
     belief: list[str] | None = None
+    asks: int | None = None  # real calls to the env's ask tool (EnvDefaults.ask_tool); None: the env has none
 
 
 EVENT_TYPES: dict[str, type[TraceEvent]] = {

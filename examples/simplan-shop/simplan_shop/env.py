@@ -24,6 +24,10 @@ changes the plan (replan); `finish()` is accepted only once the order is shipped
 the tools' results): an order of the product in the asked quantity, then that order shipped.
 `ShopEnv(declare_acceptance=False)` declares none of these (`--env_kwargs '{declare_acceptance: false}'`), to
 measure an env that leaves a premature finish to the planner.
+
+`ShopEnv(ambiguous=True)` (`--env_kwargs '{ambiguous: true}'`): about half the requests say "Order some
+kettle(s)": the quantity is the user's hidden intent, told by a sixth tool, ask(question) (the env's `ask_tool`:
+the planner counts its calls as a cost); only an order of that quantity wins. The experts ask first.
 """
 
 from __future__ import annotations
@@ -70,6 +74,13 @@ TOOLS: list[dict[str, Any]] = [
     {"name": "finish", "description": "End the session.", "parameters": {"type": "object", "properties": {}}},
 ]  # fmt: skip
 TOOL_NAMES = [t["name"] for t in TOOLS]
+# `ShopEnv(ambiguous=True)`: some requests leave out the quantity, and one more tool asks the user for it.
+ASK_TOOL = {
+    "name": "ask",
+    "description": "Ask the user about something the request leaves out; returns their answer.",
+    "parameters": {"type": "object", "properties": {"question": _param("string", "the question")},
+                   "required": ["question"]},
+}  # fmt: skip
 
 
 def scenario(seed: int) -> dict[str, Any]:
@@ -83,7 +94,8 @@ def scenario(seed: int) -> dict[str, Any]:
         "qty": rng.randint(1, 3),
         "flaky": rng.choice(FLAKY_TOOLS),  # 4 of 5 tasks have one 503
         "sellout": rng.random() < 0.4,
-    }
+        "vague": rng.random() < 0.5,  # with `ambiguous`: the request leaves the quantity out (drawn last: the
+    }  # draws above are the same with and without it)
 
 
 class ShopEnv(EnvDefaults):
@@ -96,10 +108,18 @@ class ShopEnv(EnvDefaults):
     replan_patterns = (r"\bsold out\b", r"\bout of stock\b", r"\bonly \d+ in stock\b")
     accept_patterns = (r'"shipped": true',)
 
-    def __init__(self, declare_acceptance: bool = True) -> None:
+    def __init__(self, declare_acceptance: bool = True, ambiguous: bool = False, can_ask: bool = True) -> None:
         """`declare_acceptance=False`: the shop without `accepts` and `accept_patterns`, as a user's first plugin
-        often is, to measure what the planner does about a premature `finish()` with no env verdict to read."""
+        often is, to measure what the planner does about a premature `finish()` with no env verdict to read.
+        `ambiguous=True`: about half the requests leave the quantity out ("Order some kettles ..."), the user's
+        hidden intent, which the tool `ask(question)` (the env's `ask_tool`) answers; only an order of that
+        quantity wins. The sub-goals of such a request name no quantity (the request does not). `can_ask=False`:
+        the same requests with no one to ask (no `ask` tool), to measure what asking buys."""
         self._task: Task | None = None
+        self.ambiguous = ambiguous
+        asking = ambiguous and can_ask
+        self.tools = [*TOOLS, ASK_TOOL] if asking else TOOLS
+        self.ask_tool = "ask" if asking else None
         if not declare_acceptance:
             self.accepts = None  # type: ignore[assignment]  (the EnvDefaults default: no verdict)
             self.accept_patterns = ()
@@ -130,8 +150,11 @@ class ShopEnv(EnvDefaults):
         self._unavailable: set[str] = set()
         self._placed: dict[str, tuple[str, int]] = {}
         self._shipped: set[str] = set()
-        self._goal = f"Order {self._s['qty']} {self._s['product']}(s) of any kind and have the order shipped."
-        return Observation(text=f"User: {self._goal}", goal=self._goal, tools=TOOLS)
+        self._vague = self.ambiguous and self._s["vague"]
+        self._told = False  # the user has told the quantity (an `ask` answered)
+        amount = "some" if self._vague else str(self._s["qty"])
+        self._goal = f"Order {amount} {self._s['product']}(s) of any kind and have the order shipped."
+        return Observation(text=f"User: {self._goal}", goal=self._goal, tools=self.tools)
 
     def step(self, action: Action) -> StepResult:
         if self._task is None:
@@ -141,8 +164,9 @@ class ShopEnv(EnvDefaults):
         if action.kind == "finish" or (action.kind == "tool_call" and action.name == "finish"):
             self._done = True
             return self._result({"finished": True, "shipped": self._won})
-        if action.kind != "tool_call" or action.name not in TOOL_NAMES:
-            return self._result({"error": f"unknown tool {action.key()!r}; tools: {', '.join(TOOL_NAMES)}"}, True)
+        names = [t["name"] for t in self.tools]
+        if action.kind != "tool_call" or action.name not in names:
+            return self._result({"error": f"unknown tool {action.key()!r}; tools: {', '.join(names)}"}, True)
         if action.name == self._s["flaky"] and not self._failed_once:
             self._failed_once = True  # the service is down for exactly this one call
             return self._result({"error": SERVICE_UNAVAILABLE}, error=True)
@@ -166,6 +190,8 @@ class ShopEnv(EnvDefaults):
             self._placed[result["order_id"]] = (result["item"], result["qty"])
         elif action.name == "ship":
             self._shipped.add(result["order_id"])
+        elif action.name == "ask":
+            self._told = True
 
     def _search(self, query: str) -> dict[str, Any]:
         q = str(query).strip().lower()
@@ -194,6 +220,10 @@ class ShopEnv(EnvDefaults):
         self._orders[order_id] = {"item": item, "qty": qty, "shipped": False}
         return {"order_id": order_id, "item": item, "qty": qty}
 
+    def _ask(self, question: str) -> dict[str, Any]:
+        """The user's answer: the quantity they want, whatever the question (the one thing a request leaves out)."""
+        return {"answer": f"I want {self._s['qty']}."}
+
     def _ship(self, order_id: str) -> dict[str, Any]:
         order = self._orders.get(order_id)
         if order is None or order["shipped"]:
@@ -205,7 +235,7 @@ class ShopEnv(EnvDefaults):
         return {"order_id": order_id, "shipped": True}
 
     def _result(self, result: dict[str, Any], error: bool = False) -> StepResult:
-        obs = Observation(text=json.dumps(result), goal=self._goal, tools=TOOLS, error=error)
+        obs = Observation(text=json.dumps(result), goal=self._goal, tools=self.tools, error=error)
         score = 1.0 if self._won else 0.5 if self._orders else 0.0
         return StepResult(obs, score=score, done=self._done, won=self._won, info={"tasksuccess": self._won})
 
@@ -219,10 +249,14 @@ class ShopEnv(EnvDefaults):
         if self._task is None:
             raise RuntimeError("ShopEnv.subgoals called before reset")
         product, qty = self._s["product"], self._s["qty"]
-        order = (Condition("item", "startswith", f"{product}-"), Condition("qty", "==", qty))
+        if self._vague:  # the request names no quantity: neither do its steps
+            order: tuple[Condition, ...] = (Condition("item", "startswith", f"{product}-"),)
+            amount = "some"
+        else:
+            order, amount = (Condition("item", "startswith", f"{product}-"), Condition("qty", "==", qty)), str(qty)
         return [
-            SubGoal(f"order {qty} {product}", "orders", order),
-            SubGoal(f"ship the order of {qty} {product}", "orders", (*order, Condition("shipped", "==", True))),
+            SubGoal(f"order {amount} {product}", "orders", order),
+            SubGoal(f"ship the order of {amount} {product}", "orders", (*order, Condition("shipped", "==", True))),
         ]
 
     def facts(self, action: Action | None, observation: str | None, error: bool) -> list[Fact]:
@@ -253,6 +287,8 @@ class ShopEnv(EnvDefaults):
         if self._task is None or self._done:
             return None
         product, qty = self._s["product"], self._s["qty"]
+        if self._vague and not self._told and self.ask_tool:
+            return Action.tool_call("ask", {"question": f"How many {product}s do you want?"})
         for order_id, (item, n) in self._placed.items():
             if order_id not in self._shipped and item.startswith(f"{product}-") and n == qty:
                 return Action.tool_call("ship", {"order_id": order_id})
@@ -274,6 +310,8 @@ class ShopEnv(EnvDefaults):
         first, second = CATALOG[s["family"]][s["product"]]
         item = second if s["sellout"] else first
         calls: list[tuple[str, dict[str, Any]]] = [("search", {"query": s["product"]})]
+        if self._vague and self.ask_tool:
+            calls.insert(0, ("ask", {"question": f"How many {s['product']}s do you want?"}))
         calls.append(("check_stock", {"item": first}))
         if s["sellout"]:
             calls += [("order", {"item": first, "qty": s["qty"]}), ("check_stock", {"item": second})]
@@ -284,7 +322,7 @@ class ShopEnv(EnvDefaults):
         return [Action.tool_call(name, args) for name, args in calls]
 
     def parse_action(self, text: str) -> Action:
-        return parse_tool_call(text, allowed=TOOL_NAMES)
+        return parse_tool_call(text, allowed=[t["name"] for t in self.tools])
 
     def close(self) -> None:
         self._task = None
