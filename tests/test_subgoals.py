@@ -13,7 +13,7 @@ import re
 import pytest
 
 from simplan.envs.base import Action
-from simplan.envs.subgoals import Belief, Condition, Fact, SubGoal, contradicted, unmet
+from simplan.envs.subgoals import Belief, Condition, Fact, SubGoal, contradicted, env_facts, unmet
 from simplan.inference.engines.scripted import ScriptedEngine
 from simplan.inference.planning.planner import Planner, PlannerConfig
 from simplan.inference.planning.subgoals import SUBGOAL_VIOLATION, SubgoalTracker
@@ -60,7 +60,8 @@ def test_the_shops_facts_and_subgoals_follow_its_tools(shop_on_path):
     for action in env.expert_plan():
         assert tracker.rejected(action) == []  # the expert never contradicts the goal
         result = env.step(action)
-        changes.append(tracker.observe(action, result.observation.text, result.observation.error))
+        facts = env_facts(env, action, result.observation.text, result.observation.error)
+        changes.append(tracker.observe(action, facts))
     assert result.won and tracker.unmet == []
     met = [c.met for c in changes if c is not None]
     assert met == [["order 1 kettle"], ["ship the order of 1 kettle"]]

@@ -587,7 +587,7 @@ class Planner:
             facts=env_facts(self.env, item.action, obs.text, error),  # a later window's snapshot, as in training
         )
         ep.obs = obs
-        change = ep.subgoals.observe(item.action, obs.text, error) if ep.subgoals is not None else None
+        change = ep.subgoals.observe(item.action, ep.state.current.facts) if ep.subgoals is not None else None
         if change is not None:
             ep.trace.add(change, step=ep.steps)
         ep.progress.step(ep.steps, result.score, obs.text, met_subgoal=change is not None)

@@ -2,7 +2,7 @@
 action against the first unmet one (`PlannerConfig.subgoals`; the env declares both halves, envs/subgoals.py).
 
     tracker = SubgoalTracker.start(env, goal)      # None when the env declares no sub-goals
-    tracker.observe(action, observation, error)    # after each real step: the belief updated, a traced change
+    tracker.observe(action, facts)                 # after each real step, its facts: the belief updated
     tracker.rejected(action)                       # before an action runs: the conditions it contradicts
     ranked, event = tracker.screen(proposals)      # a decision's proposals, the contradicting ones handled
 
@@ -68,10 +68,11 @@ class SubgoalTracker:
     def unmet_names(self) -> list[str]:
         return [g.name for g in self.unmet]
 
-    def observe(self, action: Action, observation: str, error: bool) -> SubgoalEvent | None:
-        """Add a real step's facts to the belief; the event when the step met a sub-goal (else None)."""
+    def observe(self, action: Action, facts: list[Fact]) -> SubgoalEvent | None:
+        """Add a real step's facts (the env's facts of its observation, as the episode state holds them) to the
+        belief; the event when the step met a sub-goal (else None)."""
         before = set(self.unmet_names())
-        self.belief.add(self.facts(action, observation, error))
+        self.belief.add(facts)
         now = self.unmet_names()
         met = [g.name for g in self.goals if g.name in before and g.name not in now]
         if not met:
