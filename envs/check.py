@@ -34,7 +34,9 @@ function below, run in this order by `check_env`, later ones reading what earlie
   check's sample never takes a call the first unmet sub-goal rejects, and meets every sub-goal when it wins;
 - inverses: where the adapter declares `inverse`, on the expert check's sample each expert step that has an inverse
   is undone by it and taken again: the inverse must restore the valid actions and the score of the state before
-  the step (what the planner's backtracking relies on).
+  the step (what the planner's backtracking relies on);
+- ask tool: where the adapter declares `ask_tool`, it is one of the tools each sampled task offers, and a question
+  (each required argument a string) is answered without an error and without ending the episode.
 """
 
 from __future__ import annotations
@@ -507,6 +509,27 @@ def check_inverses(ctx: CheckContext) -> str:
     return f"{undone} expert steps on {len(sample)} tasks undone, each back to its valid actions and score"
 
 
+def check_ask(ctx: CheckContext) -> str:
+    """The env's ask tool is one of its tools and answers: a question, each required argument a string, is no error
+    and ends no episode, on the expert check's sample of train tasks."""
+    env, tool = ctx.env, env_extra(ctx.env, "ask_tool")
+    if tool is None:
+        return "none declared"
+    _require(isinstance(tool, str) and tool, f"ask_tool must be None or a tool's name, got {tool!r}")
+    sample = [t for tasks in _train_sample(ctx).values() for t in tasks]
+    for task in sample:
+        obs = env.reset(task)
+        spec = next((t for t in obs.tools or () if t.get("name") == tool), None)
+        names = ", ".join(str(t.get("name")) for t in obs.tools or ())
+        _require(spec is not None, f"{task.task_id}: ask_tool {tool!r} is not among the tools ({names or 'none'})")
+        required = (spec.get("parameters") or {}).get("required") or []
+        result = _check_step(env.step(Action.tool_call(tool, {name: "What do you want?" for name in required})), tool)
+        text = result.observation.text[:60]
+        _require(not result.observation.error, f"{task.task_id}: asking failed: {text!r}")
+        _require(not result.done, f"{task.task_id}: asking ended the episode")
+    return f"{tool!r} answered on {len(sample)} tasks (e.g. {text!r})"
+
+
 def check_after_done(ctx: CheckContext) -> str:
     env = ctx.env
     _require(ctx.last_won is not None, "needs an episode the expert won, which the expert check did not produce")
@@ -584,6 +607,7 @@ def check_env(
         ("optional attributes", check_extras),
         ("sub-goals", check_subgoals),
         ("inverses", check_inverses),
+        ("ask tool", check_ask),
     ]
     for name, check in checks:
         _run(report, name, functools.partial(check, ctx))

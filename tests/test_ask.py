@@ -118,3 +118,18 @@ def test_collection_records_the_questions(tmp_path, shop_on_path, ambiguous):
     asked = [t for t in trajs if t["steps"][0]["action"].get("name") == "ask"]
     assert all(t["success"] for t in trajs)
     assert (len(asked) > 0) == ambiguous
+
+
+def test_envs_check_holds_the_ask_tool_to_what_the_env_offers(shop_on_path):
+    from simplan.envs.check import check_env
+
+    def ask_check(env) -> object:
+        return next(r for r in check_env(env, fold_sample=1, progress=False).results if r.name == "ask tool")
+
+    assert ask_check(_shop(False)).message == "none declared"
+    good = ask_check(_shop(True))
+    assert good.passed and good.message.startswith("'ask' answered on 3 tasks (e.g. '{\"answer\": \"I want")
+    unoffered = _shop(False)
+    unoffered.ask_tool = "ask"  # declared, but no such tool
+    bad = ask_check(unoffered)
+    assert not bad.passed and "ask_tool 'ask' is not among the tools (search, check_stock" in bad.message
