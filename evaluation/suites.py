@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from simplan.core.config import coerce
+from simplan.core.config import coerce, yaml_problem
 from simplan.core.errors import InputError, MissingInputError
 from simplan.envs.base import FOLDS, Env, Task, env_extra
 from simplan.envs.registry import make_env
@@ -189,7 +189,10 @@ def load_suite(name_or_path: str) -> Suite:
     import yaml
 
     path = suite_path(name_or_path)
-    data = yaml.safe_load(path.read_text()) or {}
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8-sig")) or {}
+    except yaml.YAMLError as e:  # (a description with ": " in it, unquoted)
+        raise InputError(f"{path}: not valid YAML ({yaml_problem(e)}); fix the suite file") from None
     if not isinstance(data, dict):
         raise InputError(f"{path}: a suite is a mapping with `entries`, got {type(data).__name__}")
     unknown = sorted(set(data) - _SUITE_KEYS)

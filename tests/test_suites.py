@@ -7,6 +7,7 @@ import json
 import pytest
 from test_evaluate import greedy_engine  # pytest puts tests/ on sys.path (rootdir-relative imports)
 
+from simplan.core.errors import InputError
 from simplan.envs.base import Task
 from simplan.envs.toy import ToyEnv
 from simplan.evaluation.runner import EvalConfig, evaluate, plan_episodes, resolve_suite
@@ -79,6 +80,13 @@ def test_bad_step_caps_name_the_field(tmp_path) -> None:
         StepCap(factor=0.5)
     with pytest.raises(ValueError, match="step_cap.plus"):
         StepCap(plus=-1)
+
+
+def test_a_suite_that_is_not_yaml_names_its_file(tmp_path) -> None:
+    bad = tmp_path / "vague.yaml"
+    bad.write_text("name: vague\ndescription: no one to ask: a guess\nentries: [{env: toy, fold: dev}]\n")
+    with pytest.raises(InputError, match=r"vague.yaml: not valid YAML \(.*line 2.*\); fix the suite file"):
+        load_suite(str(bad))
 
 
 class NoExpertEnv(ToyEnv):
