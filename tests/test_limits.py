@@ -236,7 +236,8 @@ def test_steps_without_progress_end_the_episode_saying_why_and_the_best_it_reach
         "best score 0 at step 0"
     )
     assert classify_loss(result.trace).label == "loop"
-    assert format_event(end).endswith(f"({end.reason})")  # what `simplan traces` prints
+    line, *known = format_event(end).splitlines()  # what `simplan traces` prints: the end, then what it knew
+    assert line.endswith(f"({end.reason})") and known == ["  known: location: 1"]
     # A score above the best is progress, and so is an observation the episode had not seen.
     walk = ["go east"] * 3 + ["take key"] + ["inventory"] * 10  # "You carry: a key." is new once
     result = stall_run(walk, max_steps=20, stall_steps=3)
