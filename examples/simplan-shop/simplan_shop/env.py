@@ -73,7 +73,6 @@ TOOLS: list[dict[str, Any]] = [
                     "required": ["order_id"]}},
     {"name": "finish", "description": "End the session.", "parameters": {"type": "object", "properties": {}}},
 ]  # fmt: skip
-TOOL_NAMES = [t["name"] for t in TOOLS]
 # `ShopEnv(ambiguous=True)`: some requests leave out the quantity, and one more tool asks the user for it.
 ASK_TOOL = {
     "name": "ask",
@@ -119,6 +118,7 @@ class ShopEnv(EnvDefaults):
         self.ambiguous = ambiguous
         asking = ambiguous and can_ask
         self.tools = [*TOOLS, ASK_TOOL] if asking else TOOLS
+        self.tool_names = [t["name"] for t in self.tools]
         self.ask_tool = "ask" if asking else None
         if not declare_acceptance:
             self.accepts = None  # type: ignore[assignment]  (the EnvDefaults default: no verdict)
@@ -164,9 +164,9 @@ class ShopEnv(EnvDefaults):
         if action.kind == "finish" or (action.kind == "tool_call" and action.name == "finish"):
             self._done = True
             return self._result({"finished": True, "shipped": self._won})
-        names = [t["name"] for t in self.tools]
-        if action.kind != "tool_call" or action.name not in names:
-            return self._result({"error": f"unknown tool {action.key()!r}; tools: {', '.join(names)}"}, True)
+        if action.kind != "tool_call" or action.name not in self.tool_names:
+            error = f"unknown tool {action.key()!r}; tools: {', '.join(self.tool_names)}"
+            return self._result({"error": error}, True)
         if action.name == self._s["flaky"] and not self._failed_once:
             self._failed_once = True  # the service is down for exactly this one call
             return self._result({"error": SERVICE_UNAVAILABLE}, error=True)
@@ -249,11 +249,12 @@ class ShopEnv(EnvDefaults):
         if self._task is None:
             raise RuntimeError("ShopEnv.subgoals called before reset")
         product, qty = self._s["product"], self._s["qty"]
-        if self._vague:  # the request names no quantity: neither do its steps
-            order: tuple[Condition, ...] = (Condition("item", "startswith", f"{product}-"),)
-            amount = "some"
-        else:
-            order, amount = (Condition("item", "startswith", f"{product}-"), Condition("qty", "==", qty)), str(qty)
+        # a request that names no quantity: neither do its steps
+        amount = "some" if self._vague else str(qty)
+        order = (
+            Condition("item", "startswith", f"{product}-"),
+            *(() if self._vague else (Condition("qty", "==", qty),)),
+        )
         return [
             SubGoal(f"order {amount} {product}", "orders", order),
             SubGoal(f"ship the order of {amount} {product}", "orders", (*order, Condition("shipped", "==", True))),
@@ -288,7 +289,7 @@ class ShopEnv(EnvDefaults):
             return None
         product, qty = self._s["product"], self._s["qty"]
         if self._vague and not self._told and self.ask_tool:
-            return Action.tool_call("ask", {"question": f"How many {product}s do you want?"})
+            return self._question()
         for order_id, (item, n) in self._placed.items():
             if order_id not in self._shipped and item.startswith(f"{product}-") and n == qty:
                 return Action.tool_call("ship", {"order_id": order_id})
@@ -305,13 +306,12 @@ class ShopEnv(EnvDefaults):
         return Action(kind="finish")  # nothing left to try
 
     def expert_plan(self) -> list[Action]:
-        """The fixed winning path from the reset state: the 503 retried, a sold-out variant replaced."""
+        """The fixed winning path from the reset state: the quantity asked for where the request leaves it out, the
+        503 retried, a sold-out variant replaced."""
         s = self._s
         first, second = CATALOG[s["family"]][s["product"]]
         item = second if s["sellout"] else first
         calls: list[tuple[str, dict[str, Any]]] = [("search", {"query": s["product"]})]
-        if self._vague and self.ask_tool:
-            calls.insert(0, ("ask", {"question": f"How many {s['product']}s do you want?"}))
         calls.append(("check_stock", {"item": first}))
         if s["sellout"]:
             calls += [("order", {"item": first, "qty": s["qty"]}), ("check_stock", {"item": second})]
@@ -319,10 +319,15 @@ class ShopEnv(EnvDefaults):
         if s["flaky"] is not None:  # the first call to the flaky tool fails: repeat it
             at = next(i for i, (name, _) in enumerate(calls) if name == s["flaky"])
             calls.insert(at, calls[at])
-        return [Action.tool_call(name, args) for name, args in calls]
+        asked = [self._question()] if self._vague and self.ask_tool else []  # (the ask tool is never the flaky one)
+        return asked + [Action.tool_call(name, args) for name, args in calls]
+
+    def _question(self) -> Action:
+        """The expert's question when the request leaves the quantity out."""
+        return Action.tool_call("ask", {"question": f"How many {self._s['product']}s do you want?"})
 
     def parse_action(self, text: str) -> Action:
-        return parse_tool_call(text, allowed=[t["name"] for t in self.tools])
+        return parse_tool_call(text, allowed=self.tool_names)
 
     def close(self) -> None:
         self._task = None
