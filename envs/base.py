@@ -220,6 +220,11 @@ class EnvDefaults:
     #: that ask); each call is a cost the trace counts (the end event's `asks`) and the report shows. None: the
     #: env has no one to ask.
     ask_tool: str | None = None
+    #: `grade_request(goal, observation) -> str | None`: the env's own grade of a request from its goal and first
+    #: observation, one of data/grades.py's GRADES (trivial, single-step, multi-step, ambiguous), or None to leave
+    #: it to the fitted grader. Read with PlannerConfig `grading.mode: env` (inference/planning/grading.py), whose
+    #: routes give each grade its budgets and say whether it may ask. None: not provided.
+    grade_request: Callable[[str, str], str | None] | None = None
 
 
 EXTRAS: tuple[str, ...] = (
@@ -237,6 +242,7 @@ EXTRAS: tuple[str, ...] = (
     "facts",
     "inverse",
     "ask_tool",
+    "grade_request",
 )
 PATTERN_EXTRAS: tuple[str, ...] = (
     "error_patterns",

@@ -59,6 +59,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "simplan.scripts.fit_judge",
         "fit the outcome judge on dev states; measure the simulator's outcome predictions",
     ),
+    "fit-grader": (
+        "simplan.scripts.fit_grader",
+        "fit the request grader on expert trajectories; measure its accuracy on dev",
+    ),
     "serve": ("simplan.scripts.serve", "serve base + adapters with vLLM's OpenAI-compatible server"),
     "run": ("simplan.scripts.run", "run one episode with the planning loop and a live view"),
     "eval": ("simplan.scripts.eval", "evaluate agent arms on a suite of tasks"),

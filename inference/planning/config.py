@@ -9,6 +9,7 @@
 Sections (each a dataclass with its own defaults, help and checks, kept beside the code that reads it):
     budgets      what an episode may spend (router.py BudgetConfig)
     router       which decisions are simulated (router.py RouterConfig)
+    grading      who grades a request before its episode, and each grade's route (grading.py GradingConfig)
     sampling     how the decider proposes and how long completions may be
     prompts      prompt layout; None reads it from the adapters (prompt_settings.json)
     imagination  what imagined states offer, the prediction cache, widening when every candidate loses
@@ -31,6 +32,7 @@ from simplan.data.episode import FORMATS, PromptSettings
 from simplan.data.format import DEFAULT_MAX_FAILURES, DEFAULT_MAX_HISTORY
 from simplan.envs.failures import compile_patterns
 from simplan.inference.planning.arms import ARMS, arm_preset
+from simplan.inference.planning.grading import GradingConfig
 from simplan.inference.planning.judge import JudgeWeights
 from simplan.inference.planning.pivots import PivotConfig
 from simplan.inference.planning.router import BudgetConfig, RouterConfig
@@ -211,6 +213,7 @@ class PlannerConfig:
     raise_errors: bool = field(default=False, metadata=_help("re-raise exceptions (the end event is written first)"))
     budgets: BudgetConfig = field(default_factory=BudgetConfig)
     router: RouterConfig = field(default_factory=RouterConfig)
+    grading: GradingConfig = field(default_factory=GradingConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     prompts: PromptConfig = field(default_factory=PromptConfig)
     imagination: ImaginationConfig = field(default_factory=ImaginationConfig)
@@ -278,5 +281,8 @@ class PlannerConfig:
         return from_mapping(cls, mapping, source)
 
     def simulates(self) -> bool:
-        """Whether any decision of any task may be simulated (a family budget may give a horizon)."""
-        return self.horizon > 0 or any(int(b.get("horizon", 0)) > 0 for b in self.budgets.family.values())
+        """Whether any decision of any task may be simulated (a family's budgets or a grade's route may give a
+        horizon)."""
+        routes = self.grading.routes.values() if self.grading.mode != "off" else ()
+        overrides = [*self.budgets.family.values(), *routes]
+        return self.horizon > 0 or any(int(b.get("horizon", 0)) > 0 for b in overrides)

@@ -112,6 +112,7 @@ class EpisodeRun:
     state: EpisodeState | None = None  # the conversation so far (conversation format; data/episode.py)
     memory: JudgeMemory = field(default_factory=JudgeMemory)
     subgoals: SubgoalTracker | None = None  # the env's sub-goals and the belief (PlannerConfig.subgoals)
+    withheld: frozenset[str] = frozenset()  # tools the request's grade does not let the episode use (grading.py)
     score: float = 0.0
     progress: Progress = field(default_factory=Progress)  # the steps' progress (budgets.stall_steps)
     replans: int = 0

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -414,7 +415,7 @@ class Imagination:
             for r, res in zip(alive, self._generate(ep, requests)):
                 text = res.completions[0].text if res.completions else ""
                 try:
-                    r.actions.append(self._parse(text, imagined_valid, ep.obs.tools))
+                    r.actions.append(self._parse(text, imagined_valid, ep.obs.tools, ep.withheld))
                 except ActionParseError as e:
                     self.planner._parse_failure(ep, "decider", text, str(e), "dropped")
                     r.alive = False
@@ -525,17 +526,26 @@ class Imagination:
         )
         return skey, action.key()
 
-    def _parse(self, text: str, allowed: list[str] | None, tools: list[dict[str, Any]] | None = None) -> Action:
+    def _parse(
+        self,
+        text: str,
+        allowed: list[str] | None,
+        tools: list[dict[str, Any]] | None = None,
+        withheld: Collection[str] = (),
+    ) -> Action:
         """Model text -> Action, or ActionParseError: an env parser that chokes on odd text (any ValueError,
         TypeError, RecursionError, MemoryError) counts as a parse failure, never as an episode crash. A tool call
-        whose arguments do not fit its tool's JSON schema in `tools` is one too (sampling.check_arguments): it is
-        never executed."""
+        whose arguments do not fit its tool's JSON schema in `tools` is one too (sampling.check_arguments), and so
+        is a call to a tool the request's grade withheld (`withheld`, inference/planning/grading.py): neither is
+        ever executed."""
         try:
             action = self.planner.env.parse_action(text)
         except ActionParseError:
             raise
         except (ValueError, TypeError, RecursionError, MemoryError) as e:
             raise ActionParseError(f"the env's parser failed: {type(e).__name__}: {str(e)[:200]}") from None
+        if action.kind == "tool_call" and action.name in withheld:
+            raise ActionParseError(f"{action.name} is not among this episode's tools (its grade's route withholds it)")
         if allowed is not None and action.key() not in {action_key_of_text(self.planner.env, a) for a in allowed}:
             raise ActionParseError(f"{render_action(action)!r} is not among the valid actions")
         if tools and self.planner.config.sampling.check_arguments:

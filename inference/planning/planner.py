@@ -91,6 +91,7 @@ from simplan.inference.planning.episode_run import (
     Queued,
     state_key,
 )
+from simplan.inference.planning.grading import Grading, withhold
 from simplan.inference.planning.imagination import Imagination
 from simplan.inference.planning.judge import Judge
 from simplan.inference.planning.oracle import EnvOracle
@@ -112,6 +113,7 @@ from simplan.inference.planning.trace import (
     BacktrackEvent,
     EndEvent,
     EpisodeTrace,
+    GradeEvent,
     ParseFailureEvent,
     PivotEvent,
     ReplanEvent,
@@ -195,6 +197,7 @@ class Planner:
         # router selective reads the simulator's per-verb accuracy (its adapter's simulator_accuracy.json).
         adapter_dirs = dict(getattr(engine, "adapter_dirs", None) or {})  # set by make_engine (engines/__init__.py)
         self.router = Router(config, load_simulator_accuracy(config, adapter_dirs) if simulates else None)
+        self.grading = Grading.from_config(config.grading, env)  # None: requests are not graded
         self.imagination = Imagination(self, oracle)  # propose, roll out, judge, commit (imagination.py)
 
     def close(self) -> None:
@@ -207,15 +210,19 @@ class Planner:
         cfg = self.config
         t0 = time.perf_counter()
         status, error, won = "failed", None, False
+        grade = None
         try:
             obs = self.env.reset(task)
+            if self.grading is not None:  # before anything reads the observation: its tools are the route's
+                grade = self.grading.grade(obs.goal, obs.text)
+                obs = withhold(obs, grade.withheld)
         except Exception as e:  # e.g. a crashed JVM: the episode is lost but recorded
             obs = Observation(text="")
             status, error = "errored", f"reset: {type(e).__name__}: {e}\n{traceback.format_exc(limit=6)}"
             if cfg.raise_errors:
                 raise
         env_seconds = time.perf_counter() - t0
-        budgets = self.router.budgets(task)
+        budgets = self.router.budgets(task, grade.route if grade is not None else None)
         trace = EpisodeTrace.start(
             episode_id=episode_id or f"{task.env}/{task.task_id}/{cfg.arm}/0",
             env=task.env,
@@ -231,6 +238,10 @@ class Planner:
         # The meter stamps the episode id on every request as its session: the engine may reuse its prefixes.
         meter = MeteredEngine(self.engine, session=trace.episode_id)
         ep = EpisodeRun(task, budgets, trace, meter, obs, obs.goal, env_seconds=env_seconds)
+        if grade is not None:
+            ep.withheld = frozenset(grade.withheld)
+            trace.add(GradeEvent(grade=grade.grade, by=grade.by, probabilities=grade.probabilities,
+                                 route=grade.route, withheld=grade.withheld), step=0)  # fmt: skip
         facts = env_facts(self.env, None, obs.text, False) if error is None else []  # as collection records them
         ep.state = EpisodeState.start(obs.goal, obs.text, obs.tools, obs.valid_actions, facts=facts)
         ep.progress = Progress.start(obs.text)
@@ -524,7 +535,7 @@ class Planner:
         result = self.env.step(item.action)
         env_dt = time.perf_counter() - t
         ep.env_seconds += env_dt
-        obs = result.observation
+        obs = result.observation = withhold(result.observation, ep.withheld)
         match = None
         if item.expectation is not None:
             embed = self._embedder(ep) if self.embeds else None

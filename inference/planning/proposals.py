@@ -113,7 +113,7 @@ class Proposer:
             failures = []
             for c in res.completions:
                 try:
-                    action = self.imagination._parse(c.text, allowed, ep.obs.tools)
+                    action = self.imagination._parse(c.text, allowed, ep.obs.tools, ep.withheld)
                 except ActionParseError as e:
                     failures.append((c.text, str(e)))
                     continue

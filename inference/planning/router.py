@@ -1,6 +1,6 @@
 """How much planning a task and a decision deserve: per-episode budgets and the horizon of each decision.
 
-    budgets = Router(config).budgets(task)                      # config.budgets, with family overrides
+    budgets = Router(config).budgets(task, route)               # config.budgets, family and grade overrides
     route = Router(config, table).route(budgets, margin, steps_left, degraded="", verb="take")
 
 `router.mode: selective` simulates a decision only where it can pay (the simulator's measured accuracy on the
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from simplan.core.errors import InputError
 from simplan.envs.base import Task
@@ -192,7 +192,9 @@ class Router:
         self.config = config
         self.accuracy = accuracy
 
-    def budgets(self, task: Task) -> Budgets:
+    def budgets(self, task: Task, route: dict[str, Any] | None = None) -> Budgets:
+        """The episode's budgets: the config's, then its task family's overrides, then `route`'s (the request's
+        grade, inference/planning/grading.py)."""
         c, spend = self.config, self.config.budgets
         b = Budgets(
             spend.max_steps,
@@ -203,7 +205,7 @@ class Router:
             spend.max_episode_seconds,
             spend.stall_steps,
         )
-        for key, value in spend.family.get(task.family, {}).items():
+        for key, value in [*spend.family.get(task.family, {}).items(), *(route or {}).items()]:
             setattr(b, key, int(value))
         return b
 

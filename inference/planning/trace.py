@@ -43,6 +43,7 @@ from simplan.inference.planning.trace_events import (
     CandidateRecord,
     CommitEvent,
     EndEvent,
+    GradeEvent,
     ImagineEvent,
     ParseFailureEvent,
     PivotEvent,
@@ -314,6 +315,7 @@ class EpisodeSummary:
     subgoal_repairs: int = 0  # proposals decoded again with the value a sub-goal's condition names
     subgoals_unmet: int | None = None  # sub-goals still unmet at the end (None: none declared, or not tracked)
     asks: int | None = None  # calls to the env's ask tool (None: the env has no one to ask)
+    grade: str | None = None  # the request's grade before the episode (grade event; None: not graded)
     suboptimal_commits: int = 0  # simulated decisions whose plan was the best of bad ones (commit `suboptimal`)
     # Backtracking (backtrack events; pivot_rules.backtrack with an env that declares inverses).
     backtracks: int = 0  # steps undone by their inverse
@@ -430,6 +432,8 @@ def summarize(trace: EpisodeTrace) -> EpisodeSummary:
     s.suboptimal_commits = sum(bool(e.suboptimal) for e in trace.of_type("commit"))
     screens = [e for e in trace.of_type("subgoal") if e.check == "screen"]
     s.subgoal_screens, s.subgoal_repairs = len(screens), sum(len(e.repaired) for e in screens)
+    grades: list[GradeEvent] = trace.of_type("grade")
+    s.grade = grades[0].grade if grades else None
     backtracks: list[BacktrackEvent] = trace.of_type("backtrack")
     s.backtracks, s.backtracks_restored = len(backtracks), sum(e.restored for e in backtracks)
     if end is not None:
@@ -458,6 +462,11 @@ def format_event(e: TraceEvent) -> str:
     """One human line per event (the plain live view of `simplan run`)."""
     if isinstance(e, StartEvent):
         return f"[start] {e.env} {e.task.get('task_id', '')} arm={e.arm} goal: {e.goal}\n  obs: {e.observation}"
+    if isinstance(e, GradeEvent):
+        probs = ", ".join(f"{g} {p:.2f}" for g, p in e.probabilities.items())
+        route = ", ".join(f"{k} {v}" for k, v in e.route.items())
+        withheld = f"; may not use {', '.join(e.withheld)}" if e.withheld else ""
+        return f"[grade] {e.grade} (by {e.by}{': ' + probs if probs else ''}){'; ' + route if route else ''}{withheld}"
     if isinstance(e, ImagineEvent):
         lines = [
             f"[imagine] {len(e.candidates)} candidate(s), horizon {e.horizon}" + (f" ({e.reason})" if e.reason else "")

@@ -56,7 +56,8 @@ from simplan.core.config import flatten, upgrade_keys
 #   7: backtrack events, replan events' `backtrack` (the inverse queued), acts of source "backtrack"
 #   8: end events record the belief the real steps' facts built (belief), as a window's snapshot shows it, and
 #      the calls to the env's ask tool (asks)
-TRACE_VERSION = 8
+#   9: grade events (the request's grade before the episode and its route, PlannerConfig grading)
+TRACE_VERSION = 9
 END_STATUSES = (
     "success",
     "failed",
@@ -257,6 +258,18 @@ class SubgoalEvent(TraceEvent):
 
 
 @dataclass
+class GradeEvent(TraceEvent):
+    """The request's grade before the episode (inference/planning/grading.py) and the route it took."""
+
+    type: ClassVar[str] = "grade"
+    grade: str = ""  # data/grades.py GRADES
+    by: str = ""  # env (its grade_request rule) or fitted (the grader file)
+    probabilities: dict[str, float] = field(default_factory=dict)  # the fitted grader's; {} for the env's rule
+    route: dict[str, Any] = field(default_factory=dict)  # the budget overrides the grade's route gave
+    withheld: list[str] = field(default_factory=list)  # tools the episode could not use (the ask tool)
+
+
+@dataclass
 class EndEvent(TraceEvent):
     type: ClassVar[str] = "end"
     status: str = "failed"  # one of END_STATUSES
@@ -289,6 +302,7 @@ EVENT_TYPES: dict[str, type[TraceEvent]] = {
     cls.type: cls
     for cls in (
         StartEvent,
+        GradeEvent,
         ImagineEvent,
         CommitEvent,
         ActEvent,

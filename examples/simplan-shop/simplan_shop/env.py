@@ -27,7 +27,9 @@ measure an env that leaves a premature finish to the planner.
 
 `ShopEnv(ambiguous=True)` (`--env_kwargs '{ambiguous: true}'`): about half the requests say "Order some
 kettle(s)": the quantity is the user's hidden intent, told by a sixth tool, ask(question) (the env's `ask_tool`:
-the planner counts its calls as a cost); only an order of that quantity wins. The experts ask first.
+the planner counts its calls as a cost); only an order of that quantity wins. The experts ask first. The shop
+grades a request (`grade_request`, read with the planner's `grading.mode: env`): ambiguous when it names no
+quantity and someone can be asked, else multi-step.
 """
 
 from __future__ import annotations
@@ -242,6 +244,12 @@ class ShopEnv(EnvDefaults):
     def accepts(self) -> bool:
         """The goal is met: an order of the requested product and quantity is shipped."""
         return self._won
+
+    def grade_request(self, goal: str, observation: str) -> str:
+        """The request's grade (data/grades.py) from its words alone: one that names no quantity is ambiguous where
+        someone can be asked; every other takes several calls (search, order, ship)."""
+        vague = self.ask_tool is not None and re.match(r"Order some\b", goal) is not None
+        return "ambiguous" if vague else "multi-step"
 
     def subgoals(self, goal: str) -> list[SubGoal]:
         """The goal's two steps: an order of one of the product's variants in the asked quantity, then that
