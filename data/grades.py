@@ -1,10 +1,10 @@
-"""How much a request asks of the agent, as one of four grades, read off the expert's path.
+"""How much a request asks of the agent, read off the expert's path, and the words a grader reads it by.
 
     from simplan.data.grades import GRADES, expert_grade, request_words
     expert_grade(trajectory, ask_tool="ask")     # "ambiguous" when the expert asked the user first
     request_words(goal, first_observation)       # the words a grader reads (lower-cased, numbers as <num>)
 
-The grades, first match wins (`GRADES` lists them):
+The grades (envs/base.py GRADES and `path_grade`, first match wins):
 
     ambiguous     the expert asked the user what the request left out (a call to the env's ask tool)
     trivial       the expert only answered or finished: nothing to do in the world
@@ -19,29 +19,19 @@ alone, before the episode; `simplan fit-grader` (evaluation/grading_fit.py) fits
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 
 from simplan.data.trajectory import Trajectory
+from simplan.envs.base import GRADES, path_grade
 
-GRADES: tuple[str, ...] = ("trivial", "single-step", "multi-step", "ambiguous")
-WORK_KINDS = ("command", "tool_call")  # actions that do something in the world; answer and finish do not
+__all__ = ["GRADES", "NUMBER", "expert_grade", "request_words"]
+
 NUMBER = "<num>"  # "Order 3 kettles" and "Order 12 kettles" read the same: what matters is that a number is there
 _WORD = re.compile(r"[a-z]+|\d+(?:\.\d+)?")
 
 
-def grade_of_actions(kinds_and_names: Iterable[tuple[str, str]], ask_tool: str | None) -> str:
-    """The grade of a path given as (action kind, tool name) pairs; `ask_tool`: the env's (None: it has none)."""
-    work = 0
-    for kind, name in kinds_and_names:
-        if ask_tool and kind == "tool_call" and name == ask_tool:
-            return "ambiguous"
-        work += kind in WORK_KINDS
-    return "trivial" if work == 0 else "single-step" if work == 1 else "multi-step"
-
-
 def expert_grade(trajectory: Trajectory, ask_tool: str | None) -> str:
     """The grade of the request of an expert's `trajectory` (see the module docstring)."""
-    return grade_of_actions(((s.action.kind, s.action.name) for s in trajectory.steps), ask_tool)
+    return path_grade((s.action for s in trajectory.steps), ask_tool)
 
 
 def request_words(goal: str, observation: str) -> list[str]:

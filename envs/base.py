@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
@@ -225,6 +225,23 @@ class EnvDefaults:
     #: it to the fitted grader. Read with PlannerConfig `grading.mode: env` (inference/planning/grading.py), whose
     #: routes give each grade its budgets and say whether it may ask. None: not provided.
     grade_request: Callable[[str, str], str | None] | None = None
+
+
+# How much a request asks of the agent (data/grades.py): what its expert's path needed, first match wins.
+GRADES: tuple[str, ...] = ("trivial", "single-step", "multi-step", "ambiguous")
+WORK_KINDS: tuple[str, ...] = ("command", "tool_call")  # actions that do something in the world; answer, finish do not
+
+
+def path_grade(actions: Iterable[Action], ask_tool: str | None) -> str:
+    """The grade (GRADES) of a request whose expert took `actions`: ambiguous when it called the env's `ask_tool`
+    (None: the env has none), else trivial (only an answer or finish), single-step (one command or tool call) or
+    multi-step."""
+    work = 0
+    for a in actions:
+        if ask_tool and a.kind == "tool_call" and a.name == ask_tool:
+            return "ambiguous"
+        work += a.kind in WORK_KINDS
+    return "trivial" if work == 0 else "single-step" if work == 1 else "multi-step"
 
 
 EXTRAS: tuple[str, ...] = (

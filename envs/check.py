@@ -53,6 +53,7 @@ from tqdm import tqdm
 from simplan.envs.base import (
     EXTRAS,
     FOLDS,
+    GRADES,
     PATTERN_EXTRAS,
     Action,
     ActionParseError,
@@ -66,6 +67,7 @@ from simplan.envs.base import (
     expert_policy,
     inverse_restores,
     missing_from_complete_list,
+    path_grade,
 )
 from simplan.envs.subgoals import Belief, env_facts, first_unmet_rejects, unmet
 
@@ -530,6 +532,25 @@ def check_ask(ctx: CheckContext) -> str:
     return f"{tool!r} answered on {len(sample)} tasks (e.g. {text!r})"
 
 
+def check_grade(ctx: CheckContext) -> str:
+    """The env's grade_request rule gives one of GRADES (or None) on the expert check's sample of train tasks, and
+    how often it grades a request as the expert's plan needed (`path_grade`: a disagreement is shown, not failed)."""
+    env, rule = ctx.env, env_extra(ctx.env, "grade_request")
+    if rule is None:
+        return "none declared"
+    _require(callable(rule), f"grade_request must be None or callable, got {type(rule).__name__}")
+    sample = [t for tasks in _train_sample(ctx).values() for t in tasks]
+    agree, graded = 0, 0
+    for task in sample:
+        obs = env.reset(task)
+        grade = rule(obs.goal, obs.text)
+        _require(grade is None or grade in GRADES, f"{task.task_id}: graded {grade!r}, not one of {', '.join(GRADES)}")
+        if grade is not None:
+            graded += 1
+            agree += grade == path_grade(env.expert_plan(), env_extra(env, "ask_tool"))
+    return f"graded {graded}/{len(sample)} tasks; {agree} as the expert's plan needed"
+
+
 def check_after_done(ctx: CheckContext) -> str:
     env = ctx.env
     _require(ctx.last_won is not None, "needs an episode the expert won, which the expert check did not produce")
@@ -608,6 +629,7 @@ def check_env(
         ("sub-goals", check_subgoals),
         ("inverses", check_inverses),
         ("ask tool", check_ask),
+        ("grade rule", check_grade),
     ]
     for name, check in checks:
         _run(report, name, functools.partial(check, ctx))

@@ -26,9 +26,9 @@ from typing import Any
 from simplan.core.errors import InputError
 from simplan.core.io import write_json, write_text
 from simplan.data.build_inputs import expand_inputs, load_trajectories
-from simplan.data.grades import GRADES, expert_grade, request_words
+from simplan.data.grades import expert_grade, request_words
 from simplan.data.trajectory import Trajectory
-from simplan.envs.base import env_extra
+from simplan.envs.base import GRADES, env_extra
 from simplan.inference.planning.grading import GRADER_FILE, RequestGrader
 
 
@@ -146,6 +146,10 @@ def markdown(metrics: dict[str, Any]) -> str:
     lines = ["# Request grader", ""]
     train = metrics["train"]
     lines += [f"Fitted on {train['n']} expert requests: " + ", ".join(f"{g} {n}" for g, n in train["grades"].items())]
+    if len(train["grades"]) == 1:
+        only = next(iter(train["grades"]))
+        note = f"Every train request needed {only}: the grader gives it to every request, and its accuracy says"
+        lines += ["", f"{note} only how many dev requests need it too."]
     lines += ["", "Words that most raise each grade:"]
     lines += [f"- {g}: {', '.join(words)}" for g, words in metrics["top_words"].items()]
     for name in ("dev", "env_rule"):

@@ -45,6 +45,7 @@ from simplan.evaluation.report_tables import (
     coverage_lines,
     family_tables,
     files_table,
+    grade_table,
     headline,
     invocations_table,
     loss_table,
@@ -128,7 +129,7 @@ def write_report(
     goals = subgoal_table(runs)
     if goals is not None:
         main.append(goals)
-    main += [t for t in (backtrack_table(runs), ask_table(runs)) if t is not None]
+    main += [t for t in (backtrack_table(runs), ask_table(runs), grade_table(runs)) if t is not None]
     verdicts = verdict_table(runs)
     if verdicts is not None:
         main.append(verdicts)

@@ -15,8 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from simplan.envs.base import GRADES
 from simplan.evaluation.losses import LOSS_CLASSES, LOSS_LABELS
-from simplan.evaluation.metrics import GroupMetrics
+from simplan.evaluation.metrics import GroupMetrics, group_metrics
 from simplan.evaluation.paired import PairedComparison, compare_all, compare_runs
 from simplan.evaluation.report_data import RunData
 
@@ -393,6 +394,31 @@ def ask_table(runs: list[RunData]) -> Table | None:
         rows,
         "A question is a real call to the tool the env declares for asking the user what the request left out "
         "(EnvDefaults.ask_tool), answered from the task's hidden intent; each one is a cost (a step, a model call).",
+    )
+
+
+def grade_table(runs: list[RunData]) -> Table | None:
+    """Per arm and request grade (PlannerConfig grading), for the runs that graded their requests; None otherwise."""
+    rows = []
+    for r in runs:
+        graded: dict[tuple[str, str], list] = {}
+        for rec in r.records:
+            if rec.summary.grade is not None:
+                graded.setdefault((rec.summary.arm, rec.summary.grade), []).append(rec)
+        for (arm, grade), recs in sorted(graded.items(), key=lambda kv: (kv[0][0], GRADES.index(kv[0][1]))):
+            m = group_metrics(arm, grade, recs)
+            asks = m.asks if m.ask_episodes else "-"
+            rows.append([r.name, arm, grade, str(m.episodes), of_count(m.successes, m.episodes),
+                         num(m.tokens_per_success, 0), str(asks)])  # fmt: skip
+    if not rows:
+        return None
+    return Table(
+        "Request grades",
+        ["run", "arm", "grade", "episodes", "won", "tokens per success", "questions asked"],
+        rows,
+        "Each request was graded before its episode (trivial, single-step, multi-step, ambiguous: "
+        "inference/planning/grading.py, by the env's rule or the fitted grader, each episode's grade event) and took "
+        "its grade's route (budgets; whether it may ask the user).",
     )
 
 

@@ -34,7 +34,7 @@ perturbation is noise, not dynamics). Unfinished and errored episodes are skippe
 A trajectory is `{env}/{task_id}/{arm}/trace-{run_id}`, its policy the arm, its task (and fold) the
 traced one: harvest from a suite of train-fold tasks to add training data (`simplan build` refuses a
 task in two folds). `meta` keeps the episode id, run folder, end status, outcome and loss class
-(evaluation/losses.py). The output is written atomically and passes `simplan validate` and
+(evaluation/losses.py), and the request's grade where the run graded it (PlannerConfig grading). The output is written atomically and passes `simplan validate` and
 `simplan build`.
 """
 
@@ -315,6 +315,7 @@ def harvest(cfg: TracesConfig) -> TracesReport:
                 "end_status": end.status,
                 "outcome": outcome(sources, succeeded),
                 "loss": loss.label if loss else None,
+                "grade": next((e.grade for e in trace.of_type("grade")), None),  # the request's, where graded
             }
             if path not in env_kwargs:
                 env_kwargs[path] = env_kwargs_of(path)

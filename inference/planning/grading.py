@@ -34,8 +34,8 @@ from typing import Any
 
 from simplan.core.errors import InputError
 from simplan.core.io import write_json
-from simplan.data.grades import GRADES, request_words
-from simplan.envs.base import Observation, env_extra
+from simplan.data.grades import request_words
+from simplan.envs.base import GRADES, Observation, env_extra
 from simplan.inference.planning.router import FAMILY_BUDGET_KEYS
 
 GRADING_MODES = ("off", "fitted", "env")
@@ -146,7 +146,8 @@ class RequestGrader:
         return {"model": "naive_bayes", "grades": self.grades, "requests": self.requests, "counts": self.counts}
 
     def save(self, path: str | Path) -> Path:
-        return write_json(path, self.to_dict())
+        write_json(path, self.to_dict())
+        return Path(path)
 
     @classmethod
     def load(cls, path: str | Path) -> RequestGrader:
