@@ -4,7 +4,7 @@
 # Measured jobs run from the commit they measure while the working tree moves on. The editable install of
 # .venv points at this checkout, so the command runs with a shim first on PYTHONPATH: `simplan.*` resolves to
 # DIR's folders (the package-dir mapping of pyproject.toml) and the editable finder is taken off sys.meta_path.
-# The command runs in DIR; relative paths in it are DIR's.
+# The command runs in DIR; relative paths in it are DIR's. The example plugins of DIR (examples/*) are on the path.
 set -euo pipefail
 rev=$1 dir=$2; shift 2; [ "${1:-}" = "--" ] && shift
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -28,5 +28,9 @@ open(os.path.join(shim, "sitecustomize.py"), "w").write(
 )
 PY
 ln -sfn "$repo/.venv" "$dir/.venv"
+# The example plugins (pip install -e examples/NAME) are editable installs too, hidden with the rest: DIR's own
+# copies go on the path, so a measured run of the example shop runs the shop of the commit it measures.
+examples=""
+for p in "$dir"/examples/*/; do [ -f "$p/pyproject.toml" ] && examples="$examples:${p%/}"; done
 cd "$dir"
-PYTHONPATH="$shim${PYTHONPATH:+:$PYTHONPATH}" exec "$@"
+PYTHONPATH="$shim$examples${PYTHONPATH:+:$PYTHONPATH}" exec "$@"

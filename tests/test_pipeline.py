@@ -77,6 +77,28 @@ def test_missing_output_or_unselected_incomplete_stage(tmp_path, fake_stages, ca
     assert fake_stages == ["collect-dev"]
 
 
+def test_a_stage_no_selected_stage_reads_need_not_be_done(tmp_path, fake_stages, monkeypatch, capsys) -> None:
+    """A decider-only run skips build-simulator, which stands between its stages in the order but feeds none."""
+    reads = {"build-decider": ["collect-train", "collect-dev", "model"], "build-simulator": ["collect-train", "model"],
+             "train-decider": ["build-decider", "model"], "train-simulator": ["build-simulator", "model"],
+             "eval": ["train-decider", "train-simulator"], "report": ["eval"]}  # fmt: skip
+    linear = pl.Pipeline.stage
+
+    def stage(self: pl.Pipeline, name: str) -> pl.Stage:
+        st = linear(self, name)
+        st.depends = reads.get(name, [])
+        return st
+
+    monkeypatch.setattr(pl.Pipeline, "stage", stage)
+    out = str(tmp_path / "p")
+    decider_only = ["collect-train", "collect-dev", "model", "build-decider", "train-decider"]
+    assert main(["--out", out, "--stages", ",".join(decider_only)]) == 0
+    assert fake_stages == decider_only
+    assert "build-simulator: not selected, and no selected stage reads it" in capsys.readouterr().out
+    assert main(["--out", out, "--stages", "eval"]) == 2  # eval reads the simulator: its stages must run first
+    assert "[5/8] build-simulator: not complete and not selected" in capsys.readouterr().err
+
+
 def test_flags_and_config_validation() -> None:
     assert pl.flags({"a": [1, 2], "b": None, "c": True, "d": {"x": 1}}) == [
         "--a", "1,2", "--b", "none", "--c", "true", "--d", '{"x": 1}',

@@ -34,8 +34,8 @@ perturbation is noise, not dynamics). Unfinished and errored episodes are skippe
 A trajectory is `{env}/{task_id}/{arm}/trace-{run_id}`, its policy the arm, its task (and fold) the
 traced one: harvest from a suite of train-fold tasks to add training data (`simplan build` refuses a
 task in two folds). `meta` keeps the episode id, run folder, end status, outcome and loss class
-(evaluation/losses.py), and the request's grade where the run graded it (PlannerConfig grading). The output is written atomically and passes `simplan validate` and
-`simplan build`.
+(evaluation/losses.py), and the request's grade where the run graded it (PlannerConfig grading). The
+output is written atomically and passes `simplan validate` and `simplan build`.
 """
 
 from __future__ import annotations

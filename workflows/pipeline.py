@@ -415,6 +415,19 @@ class Pipeline:
     def _digest(self, st: Stage) -> str:
         return _hash({"stage": st.name, "config": st.config, "depends": [self.hashes[d] for d in st.depends]})
 
+    def _needed(self, plan: list[str], chosen: list[str]) -> set[str]:
+        """The chosen stages and every stage they read, transitively (`Stage.depends`): a stage before a chosen one
+        that none of them reads (build-simulator for `--stages ...,build-decider,train-decider`) need not be done."""
+        depends = {name: self.stage(name).depends for name in plan}
+        needed: set[str] = set()
+        todo = list(chosen)
+        while todo:
+            name = todo.pop()
+            if name not in needed:
+                needed.add(name)
+                todo += depends.get(name, [])
+        return needed
+
     def _expected(self, plan: list[str], chosen: list[str]) -> list[str]:
         """The stages this run will run, after building every stage's configuration: a bad key fails here,
         before the first stage runs. The model folder is the one the model stage's marker recorded, if any."""
@@ -440,6 +453,7 @@ class Pipeline:
         estimates = {k: 60.0 * float(v) for k, v in cfg.estimates.items()}
         clock = TimeLeft(self.markers.measured(self.stage_names), estimates)
         ahead = self._expected(plan, chosen)
+        needed = self._needed(plan, chosen)
         self.records = []
         t_start = time.perf_counter()
         for i, name in enumerate(plan, start=1):
@@ -455,6 +469,10 @@ class Pipeline:
                     self.model_path = resolve_base_model(cfg.model, fetch=name in chosen)
                 except FileNotFoundError as e:
                     raise StageFailed(f"{banner}: {e}", usage=True) from None
+            if name not in chosen and not done and name not in needed:
+                print(f"{banner}: not selected, and no selected stage reads it", flush=True)
+                self.records.append(StageRecord(name, "not selected", None))
+                continue
             if name not in chosen:
                 if not done:
                     raise StageFailed(
