@@ -78,7 +78,7 @@ class EnvLookup:
             except Exception as e:  # an env this machine cannot make: the ask tool must be named
                 if not self.ask_tool:
                     raise InputError(
-                        f"fit-grader: env {t.env!r} (env_kwargs {kwargs}) cannot be made here ({type(e).__name__}: "
+                        f"env {t.env!r} (env_kwargs {kwargs}) cannot be made here ({type(e).__name__}: "
                         f"{e}); name its ask tool with --ask_tool NAME (or --ask_tool none)"
                     ) from None
                 self.envs[key] = None
@@ -110,7 +110,12 @@ def expert_requests(files: list[str], lookup: EnvLookup) -> list[Request]:
         seen.add(key)
         out.append(lookup.request(t))
     if not out:
-        raise InputError(f"fit-grader: no expert trajectory in {files}; collect with --policies expert")
+        bad = (
+            f"; {len(loaded.problems)} problem(s) reading them, the first: {loaded.problems[0]}"
+            if loaded.problems
+            else ""
+        )
+        raise InputError(f"train/dev: no expert trajectory in {files}{bad}; collect with --policies expert")
     return out
 
 

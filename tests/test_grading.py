@@ -197,3 +197,24 @@ def test_fit_grader_end_to_end_and_the_planner_reads_it(tmp_path, shop_on_path):
     md = write_report([tmp_path / "run"], tmp_path / "report")["md"].read_text()
     table = md.split("### Request grades")[1].split("###")[0]
     assert "| run | reactive | multi-step | 1 | 1/1 [" in table and "| run | reactive | ambiguous | 1 | 1/1 [" in table
+
+
+def test_fit_grader_names_what_it_cannot_use(tmp_path, shop_on_path):
+    from simplan.data.collect import CollectConfig, collect
+    from simplan.evaluation.grading_fit import FitGraderConfig, fit_grader
+
+    path = tmp_path / "train.jsonl"
+    collect(CollectConfig(env="shop", policies=["expert"], limit=2, branches=0, out=str(path), progress=False))
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    for r in records:  # an env this machine cannot make (imported transcripts, say)
+        r["env"] = r["task"]["env"] = "elsewhere"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    with pytest.raises(InputError, match="env 'elsewhere'.*cannot be made here.*--ask_tool NAME"):
+        fit_grader(FitGraderConfig(train=[str(path)], out=str(tmp_path / "g1")))
+    result = fit_grader(FitGraderConfig(train=[str(path)], out=str(tmp_path / "g2"), ask_tool="none"))
+    assert result["metrics"]["train"]["grades"] == {"multi-step": len(records)}
+    assert "Every train request needed multi-step" in (tmp_path / "g2" / "metrics.md").read_text()
+    not_trajectories = tmp_path / "traces.jsonl"
+    not_trajectories.write_text('{"type": "start"}\n')
+    with pytest.raises(InputError, match=r"no expert trajectory in .*1 problem\(s\) reading them, the first: .*:1:"):
+        fit_grader(FitGraderConfig(train=[str(not_trajectories)], out=str(tmp_path / "g3")))
