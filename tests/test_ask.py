@@ -74,7 +74,7 @@ def asking_decider(req, text):  # noqa: ANN001, ANN201 - ScriptedEngine's respon
         return f"ship(order_id='{last['order_id']}')"
     if last.get("items"):
         return f"order(item='{last['items'][0]}', qty={wanted.group(1) if wanted else 1})"
-    return "search(query='stapler')"
+    return f"search(query='{re.search(r'Order (?:some|[0-9]+) ([a-z]+)', said).group(1)}')"
 
 
 def _end(ambiguous: bool) -> tuple[EndEvent, object]:

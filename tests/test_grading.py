@@ -99,21 +99,10 @@ def test_withholding_a_tool_hides_it_in_either_tool_format():
 def insistent_decider(req, text):  # noqa: ANN001, ANN201 - ScriptedEngine's responder
     """Asks on its first call whatever the request says (the ask tool shown or not), then orders what it was told
     (or 1)."""
-    said = "\n".join(m["content"] for m in req.messages)
-    insistent_decider.prompts.append(said)
-    wanted = re.search(r"I want (\d+)", said)
-    if len(insistent_decider.prompts) == 1:
-        return "ask(question='How many?')"
-    results = [json.loads(x) for x in re.findall(r"\{[^{}]*\}", said) if x.startswith('{"')]
-    last = next((r for r in reversed(results) if {"items", "order_id"} & set(r)), {})
-    if last.get("shipped"):
-        return "finish()"
-    if "order_id" in last:
-        return f"ship(order_id='{last['order_id']}')"
-    if last.get("items"):
-        return f"order(item='{last['items'][0]}', qty={wanted.group(1) if wanted else 1})"
-    product = re.search(r"Order (?:some|\d+) (\w+)\(s\)", said).group(1)
-    return f"search(query='{product}')"
+    from test_ask import asking_decider
+
+    insistent_decider.prompts.append("\n".join(m["content"] for m in req.messages))
+    return "ask(question='How many?')" if len(insistent_decider.prompts) == 1 else asking_decider(req, text)
 
 
 def _run(task: Task, grading: dict, **budgets):  # noqa: ANN202
