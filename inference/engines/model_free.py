@@ -25,7 +25,7 @@ import random
 import re
 from typing import Any
 
-from simplan.envs.actions import render_action
+from simplan.envs.actions import render_action, tool_specs
 from simplan.envs.base import Action, Env, Observation, StepResult, Task, action_key_of_text
 from simplan.inference.engines.base import (
     Completion,
@@ -151,8 +151,7 @@ class RandomDecider(ModelFreeDecider):
         return "look"
 
     def _random_call(self, tools: list[dict[str, Any]]) -> Action:
-        tool = self.rng.choice(tools)
-        tool = tool.get("function", tool)  # OpenAI-style {"type": "function", "function": {...}} or a bare schema
+        tool = self.rng.choice(tool_specs(tools))  # OpenAI-style {"type": "function", ...} unwrapped, or bare
         if tool.get("name") == "finish":
             return Action(kind="finish")
         params = tool.get("parameters") or {}
