@@ -11,6 +11,11 @@ measured on the dev files: accuracy, per grade (recall, precision) and per task 
 where the env declares a `grade_request` rule, the rule's accuracy on the same requests. Written to `out`:
 grader.json (what `--grading.grader` reads), metrics.json and metrics.md.
 
+With `routes_from` (eval run folders of the same tasks, each with the route it ran: `{runs/off: {}, runs/noask:
+{ask: false}}`), the routes are fitted too: every task all the runs played is graded by the grader, and each grade
+gets the route of the run that won the most of its tasks, then spent the fewest tokens per success; they go into
+grader.json, where the planner reads them unless `grading.routes` is given.
+
 The env of a trajectory is made once per (env, env_kwargs) to read its ask tool and rule (EnvDefaults.ask_tool,
 grade_request); `ask_tool` names the tool instead where the env cannot be made here.
 """
@@ -29,7 +34,7 @@ from simplan.data.build_inputs import expand_inputs, load_trajectories
 from simplan.data.grades import expert_grade, request_words
 from simplan.data.trajectory import Trajectory
 from simplan.envs.base import GRADES, env_extra
-from simplan.inference.planning.grading import GRADER_FILE, RequestGrader
+from simplan.inference.planning.grading import GRADER_FILE, RequestGrader, check_routes
 
 
 def _help(text: str) -> dict[str, str]:
@@ -44,10 +49,22 @@ class FitGraderConfig:
     ask_tool: str = field(
         default="", metadata=_help("the env's ask tool ('' = each env's own, made with the trajectory's env_kwargs)")
     )
+    routes_from: dict = field(
+        default_factory=dict,
+        metadata=_help(
+            "eval run folders of the same tasks, each with the route it ran, e.g. '{runs/off: {}, runs/noask: "
+            "{ask: false}}': each grade gets the route whose run won the most of its tasks, then the fewest tokens "
+            "per success, saved in the grader file"
+        ),
+    )
 
     def __post_init__(self) -> None:
         if not self.train:
             raise ValueError("train: give the trajectories to fit on (`simplan collect --out`, policy expert)")
+        if len(self.routes_from) == 1:
+            raise ValueError("routes_from: give at least two runs to choose between, or none")
+        for run, route in self.routes_from.items():
+            check_routes({"multi-step": route}, f"routes_from[{run!r}]")
 
 
 @dataclass
@@ -143,6 +160,47 @@ def accuracy(requests: list[Request], predicted: list[str]) -> dict[str, Any]:
     }
 
 
+def run_episodes(run: str, grader: RequestGrader) -> dict[tuple[str, str], tuple[str, bool, int]]:
+    """(env, task id) -> (the request's grade by `grader`, won, tokens) of each episode of one eval run's arm."""
+    from simplan.evaluation.metrics import trace_files
+    from simplan.inference.planning.trace import read_traces, summarize
+
+    out, arms = {}, set()
+    for path in trace_files(run):
+        for trace in read_traces(path):
+            start, s = trace.events[0], summarize(trace)
+            arms.add(trace.arm)
+            grade = grader.grade(request_words(start.goal, start.observation))[0]
+            out[(trace.env, s.task_id)] = (grade, s.success, s.total_tokens)
+    if len(arms) > 1:
+        raise InputError(f"routes_from: {run} holds the arms {sorted(arms)}; give one run folder per route and arm")
+    return out
+
+
+def fit_routes(routes_from: dict[str, dict], grader: RequestGrader) -> dict[str, Any]:
+    """Per grade, the route of the run that won the most of that grade's tasks (those every run played), then spent
+    the fewest tokens per success; a grade no run won gets no fitted route (the default applies)."""
+    runs = {run: run_episodes(run, grader) for run in routes_from}
+    shared = set.intersection(*(set(eps) for eps in runs.values()))
+    if not shared:
+        raise InputError(f"routes_from: the runs {sorted(runs)} share no task; give runs of the same suite")
+    table: dict[str, Any] = {}
+    for grade in GRADES:
+        tasks = sorted(t for t in shared if next(iter(runs.values()))[t][0] == grade)
+        if not tasks:
+            continue
+        rows = {}
+        for run, eps in runs.items():
+            won = sum(eps[t][1] for t in tasks)
+            tokens = sum(eps[t][2] for t in tasks)
+            rows[run] = {"tasks": len(tasks), "won": won, "tokens_per_success": tokens / won if won else None}
+        best = max(rows, key=lambda r: (rows[r]["won"], -(rows[r]["tokens_per_success"] or float("inf"))))
+        table[grade] = {"runs": rows, "chosen": best if rows[best]["won"] else None}
+        if rows[best]["won"]:
+            table[grade]["route"] = dict(routes_from[best])
+    return table
+
+
 def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
 
@@ -171,6 +229,20 @@ def markdown(metrics: dict[str, Any]) -> str:
         lines += ["", "| needed \\ graded | " + " | ".join(shown) + " |", "|---|" + "---:|" * len(shown)]
         for t in shown:
             lines.append(f"| {t} | " + " | ".join(str(m["confusion"].get(t, {}).get(p, 0)) for p in shown) + " |")
+    if metrics.get("routes"):
+        lines += ["", "## Routes fitted from paired runs", ""]
+        lines += ["The tasks every run played, graded by the grader; per grade the route of the run that won the",
+                  "most, then spent the fewest tokens per success.", ""]  # fmt: skip
+        lines += [
+            "| grade | run | route | tasks | won | tokens per success | chosen |",
+            "|---|---|---|---:|---:|---:|---|",
+        ]
+        for grade, fit in metrics["routes"].items():
+            for run, row in fit["runs"].items():
+                tps = "-" if row["tokens_per_success"] is None else f"{row['tokens_per_success']:,.0f}"
+                route = json.dumps(metrics["config"]["routes_from"][run])
+                chosen = "yes" if fit["chosen"] == run else ""
+                lines.append(f"| {grade} | {run} | `{route}` | {row['tasks']} | {row['won']} | {tps} | {chosen} |")
     return "\n".join(lines) + "\n"
 
 
@@ -188,6 +260,9 @@ def fit_grader(cfg: FitGraderConfig) -> dict[str, Any]:
         "train": {"n": len(train), "grades": dict(Counter(r.grade for r in train))},
         "top_words": grader.top_words(),
     }
+    if cfg.routes_from:
+        metrics["routes"] = fit_routes(cfg.routes_from, grader)
+        grader.routes = {g: fit["route"] for g, fit in metrics["routes"].items() if "route" in fit}
     if dev:
         metrics["dev"] = accuracy(dev, [grader.grade(r.words)[0] for r in dev])
         ruled = [r for r in dev if r.env_grade is not None]

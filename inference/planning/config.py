@@ -283,6 +283,6 @@ class PlannerConfig:
     def simulates(self) -> bool:
         """Whether any decision of any task may be simulated (a family's budgets or a grade's route may give a
         horizon)."""
-        routes = self.grading.routes.values() if self.grading.mode != "off" else ()
+        routes = (self.grading.routes or {}).values() if self.grading.mode != "off" else ()
         overrides = [*self.budgets.family.values(), *routes]
         return self.horizon > 0 or any(int(b.get("horizon", 0)) > 0 for b in overrides)

@@ -17,8 +17,11 @@ The grades are data/grades.py's (trivial, single-step, multi-step, ambiguous: wh
 `grading.routes` maps a grade to what its episodes get: budget keys (k, horizon, max_steps, max_replans,
 token_budget, stall_steps; horizon 0 with k 1 acts reactively) and `ask` (false withholds the env's ask tool: it
 is not shown to the decider, constrained decoding cannot name it, and a call to it is a parse failure, never
-executed). The default routes let only ambiguous requests ask: measured on the ambiguous shop (bench/RESULTS.md
-"Grading requests"). Each episode's grade is traced (the grade event) with the grader's probabilities.
+executed). Left at None, the routes are those fitted into the grader file, if any: `simplan fit-grader
+--routes_from` reads eval runs of the same tasks, one route each, and gives each grade the route whose run won the
+most of that grade's tasks, then spent the fewest tokens per success. Otherwise only an ambiguous request may ask
+(measured on the ambiguous shop: bench/RESULTS.md "Grading requests"); a grade a table leaves out takes that
+default. Each episode's grade is traced (the grade event) with the grader's probabilities and its route.
 """
 
 from __future__ import annotations
@@ -64,12 +67,13 @@ class GradingConfig:
         ),
     )
     grader: str = field(default="", metadata=_help(f"the fitted request grader ({GRADER_FILE}, `simplan fit-grader`)"))
-    routes: dict = field(
-        default_factory=_default_routes,
+    routes: dict | None = field(
+        default=None,
         metadata=_help(
             "per grade (trivial, single-step, multi-step, ambiguous): budget keys (k, horizon, max_steps, "
-            "max_replans, token_budget, stall_steps) and ask (false: the env's ask tool is withheld); default: only "
-            "ambiguous requests may ask"
+            "max_replans, token_budget, stall_steps) and ask (false: the env's ask tool is withheld); None: the "
+            "routes fitted into the grader file (`simplan fit-grader --routes_from`), else only ambiguous requests "
+            "may ask; a grade left out takes that default"
         ),
     )
 
@@ -78,14 +82,20 @@ class GradingConfig:
             raise ValueError(f"grading.mode: {self.mode!r} is not one of {', '.join(GRADING_MODES)}")
         if self.mode == "fitted" and not self.grader:
             raise ValueError(f"grading.grader: mode fitted needs a grader file ({GRADER_FILE}, `simplan fit-grader`)")
-        for grade, route in self.routes.items():
-            if grade not in GRADES:
-                raise ValueError(f"grading.routes: {grade!r} is not a grade; use {', '.join(GRADES)}")
-            bad = set(route) - set(ROUTE_KEYS) if isinstance(route, dict) else {"<not a mapping>"}
-            if bad:
-                raise ValueError(f"grading.routes[{grade!r}]: unknown keys {sorted(bad)}; use {sorted(ROUTE_KEYS)}")
-            if "ask" in route and not isinstance(route["ask"], bool):
-                raise ValueError(f"grading.routes[{grade!r}].ask: must be true or false, got {route['ask']!r}")
+        if self.routes is not None:
+            check_routes(self.routes, "grading.routes")
+
+
+def check_routes(routes: dict, where: str) -> None:
+    """ValueError naming `where` unless `routes` maps grades to route keys (ask a bool)."""
+    for grade, route in routes.items():
+        if grade not in GRADES:
+            raise ValueError(f"{where}: {grade!r} is not a grade; use {', '.join(GRADES)}")
+        bad = set(route) - set(ROUTE_KEYS) if isinstance(route, dict) else {"<not a mapping>"}
+        if bad:
+            raise ValueError(f"{where}[{grade!r}]: unknown keys {sorted(bad)}; use {sorted(ROUTE_KEYS)}")
+        if "ask" in route and not isinstance(route["ask"], bool):
+            raise ValueError(f"{where}[{grade!r}].ask: must be true or false, got {route['ask']!r}")
 
 
 @dataclass
@@ -96,6 +106,7 @@ class RequestGrader:
     grades: list[str]
     counts: dict[str, dict[str, int]]  # grade -> word -> count over its requests
     requests: dict[str, int]  # grade -> requests seen (the prior)
+    routes: dict[str, dict[str, Any]] | None = None  # fitted per grade from paired runs (`fit-grader --routes_from`)
 
     @classmethod
     def fit(cls, requests: list[list[str]], grades: list[str]) -> RequestGrader:
@@ -143,7 +154,14 @@ class RequestGrader:
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        return {"model": "naive_bayes", "grades": self.grades, "requests": self.requests, "counts": self.counts}
+        fitted = {"routes": self.routes} if self.routes is not None else {}
+        return {
+            "model": "naive_bayes",
+            "grades": self.grades,
+            "requests": self.requests,
+            "counts": self.counts,
+            **fitted,
+        }
 
     def save(self, path: str | Path) -> Path:
         write_json(path, self.to_dict())
@@ -155,6 +173,9 @@ class RequestGrader:
         try:
             d = json.loads(p.read_text())
             grader = cls(list(d["grades"]), {g: dict(c) for g, c in d["counts"].items()}, dict(d["requests"]))
+            if d.get("routes") is not None:
+                check_routes(d["routes"], f"{p} routes")
+                grader.routes = {g: dict(r) for g, r in d["routes"].items()}
         except FileNotFoundError:
             raise InputError(f"grading.grader: {p} does not exist; fit one with `simplan fit-grader`") from None
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
@@ -181,6 +202,11 @@ class Grading:
 
     def __init__(self, config: GradingConfig, env: object, grader: RequestGrader | None) -> None:
         self.config, self.grader = config, grader
+        # The config's routes, else the grader file's fitted ones, else only an ambiguous request may ask.
+        fitted = grader.routes if grader is not None else None
+        self.routes = (
+            config.routes if config.routes is not None else fitted if fitted is not None else _default_routes()
+        )
         rule = env_extra(env, "grade_request")
         self.rule = rule if config.mode == "env" and callable(rule) else None
         self.ask_tool = env_extra(env, "ask_tool")
@@ -189,6 +215,10 @@ class Grading:
                 "grading.mode: env, but the env declares no grade_request rule and no grader file is given; "
                 "fit one with `simplan fit-grader` and pass --grading.grader PATH, or use --grading.mode off"
             )
+
+    def simulates(self) -> bool:
+        """Whether a route gives a horizon (the planner then needs the simulator adapter)."""
+        return any(int(r.get("horizon", 0)) > 0 for r in self.routes.values())
 
     @classmethod
     def from_config(cls, config: GradingConfig, env: object) -> Grading | None:
@@ -207,7 +237,7 @@ class Grading:
                 raise ValueError("the env's grade_request gave no grade and no grader file is given")
             grade, probs = self.grader.grade(request_words(goal, observation))
             by, probs = "fitted", {g: round(p, 4) for g, p in probs.items()}
-        route = dict(self.config.routes.get(grade, {}))
+        route = dict(self.routes[grade] if grade in self.routes else _default_routes().get(grade, {}))
         ask = route.pop("ask", True)
         withheld = [self.ask_tool] if self.ask_tool and not ask else []
         return RequestGrade(grade, by, probs, route, withheld)

@@ -156,7 +156,8 @@ class Planner:
         self.simulator = (config.simulator_adapter or None) if config.simulator == "model" else None
         known = list(getattr(engine, "adapters", []) or [])
         # An arm that never simulates (reactive: horizon 0 everywhere) needs no simulator adapter.
-        simulates = config.simulates()
+        self.grading = Grading.from_config(config.grading, env)  # None: requests are not graded
+        simulates = config.simulates() or (self.grading is not None and self.grading.simulates())
         for role, name in (("decider", self.decider), ("simulator", self.simulator if simulates else None)):
             if name is not None and name not in known:
                 raise InputError(
@@ -197,7 +198,6 @@ class Planner:
         # router selective reads the simulator's per-verb accuracy (its adapter's simulator_accuracy.json).
         adapter_dirs = dict(getattr(engine, "adapter_dirs", None) or {})  # set by make_engine (engines/__init__.py)
         self.router = Router(config, load_simulator_accuracy(config, adapter_dirs) if simulates else None)
-        self.grading = Grading.from_config(config.grading, env)  # None: requests are not graded
         self.imagination = Imagination(self, oracle)  # propose, roll out, judge, commit (imagination.py)
 
     def close(self) -> None:
