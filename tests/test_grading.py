@@ -207,3 +207,53 @@ def test_fit_grader_names_what_it_cannot_use(tmp_path, shop_on_path):
     not_trajectories.write_text('{"type": "start"}\n')
     with pytest.raises(InputError, match=r"no expert trajectory in .*1 problem\(s\) reading them, the first: .*:1:"):
         fit_grader(FitGraderConfig(train=[str(not_trajectories)], out=str(tmp_path / "g3")))
+
+
+def test_routes_fitted_from_paired_runs_go_where_they_pay(tmp_path, shop_on_path):
+    """A run that may ask and one that may not, on a plain request and a vague one that wants 3: the vague grade
+    goes to the run that asked (it won), the plain grade to the one that did not (the same win, fewer tokens)."""
+    from simplan_shop.env import ShopEnv
+
+    from simplan.data.collect import CollectConfig, collect
+    from simplan.evaluation.grading_fit import FitGraderConfig, fit_grader
+    from simplan.inference.planning.grading import Grading
+    from simplan.inference.planning.trace import append_trace
+
+    vague3 = Task("shop", "shop-129", "dev", "kitchen", {"seed": 129})  # "Order some teapot(s)": the user wants 3
+    routes = {"ask": {}, "noask": {"ask": False}}
+    withheld = {"mode": "env", "routes": {"ambiguous": {"ask": False}, "multi-step": {"ask": False}}}
+    for name, grading in (("ask", {}), ("noask", withheld)):
+        for task in (PLAIN, vague3):
+            append_trace(tmp_path / name / "traces.jsonl", _run(task, grading).trace)
+    grader_file = tmp_path / "train.jsonl"
+    collect(CollectConfig(env="shop", env_kwargs={"ambiguous": True}, policies=["expert"], limit=4, branches=0,
+                          out=str(grader_file), progress=False))  # fmt: skip
+    runs = {str(tmp_path / name): route for name, route in routes.items()}
+    result = fit_grader(FitGraderConfig(train=[str(grader_file)], out=str(tmp_path / "g"), routes_from=runs))
+    fitted = result["metrics"]["routes"]
+    assert fitted["ambiguous"]["chosen"] == str(tmp_path / "ask") and fitted["ambiguous"]["route"] == {}
+    multi = fitted["multi-step"]
+    assert multi["chosen"] == str(tmp_path / "noask") and multi["route"] == {"ask": False}
+    assert "## Routes fitted from paired runs" in (tmp_path / "g" / "metrics.md").read_text()
+
+    grader = RequestGrader.load(tmp_path / "g" / "grader.json")  # the planner reads them from the file
+    assert grader.routes == {"multi-step": {"ask": False}, "ambiguous": {}}
+    env = ShopEnv(ambiguous=True)
+    config = GradingConfig(mode="fitted", grader=str(tmp_path / "g" / "grader.json"))
+    assert Grading.from_config(config, env).grade("Order 2 mug(s).", "").withheld == ["ask"]
+    given = GradingConfig(mode="fitted", grader=config.grader, routes={"trivial": {"max_steps": 3}})
+    assert Grading.from_config(given, env).grade("Order 2 mug(s).", "").withheld == ["ask"]  # the default for it
+    with pytest.raises(ValueError, match="routes_from: give at least two runs"):
+        FitGraderConfig(train=["x"], routes_from={"a": {}})
+
+
+def test_a_route_that_gives_a_horizon_needs_the_simulator(shop_on_path):
+    from simplan_shop.env import ShopEnv
+
+    from simplan.inference.planning.grading import Grading
+
+    routed = {"mode": "env", "routes": {"ambiguous": {"horizon": 2}}}
+    assert PlannerConfig.from_dict({"arm": "reactive", "grading": routed}).simulates()
+    assert not PlannerConfig.from_dict({"arm": "reactive", "grading": {**routed, "mode": "off"}}).simulates()
+    grading = Grading.from_config(GradingConfig(**routed), ShopEnv(ambiguous=True))
+    assert grading.simulates() and grading.grade("Order some mug(s).", "").route == {"horizon": 2}
