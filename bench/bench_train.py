@@ -34,7 +34,10 @@ tokens), supervised tokens, non-padding and padded tokens, wall seconds and proc
 time.process_time). Reported: supervised actions per CPU-second (the comparison the issue asks for),
 non-padding tokens per wall second, padding efficiency, peak RSS. The halves draw batches in their own
 orders, so they train on different windows of the same data; the per-action and per-token rates normalise
-for that. Prints a Markdown table and writes JSON with --out.
+for that, though not for what a window's length does to its cost. With --same-windows every half trains one
+epoch over the same seeded sample of --steps x --batch-size rows and times every step (--warmup 0): both sides
+then do exactly the same supervised actions, in their own batch orders. Prints a Markdown table and writes JSON
+with --out.
 """
 
 from __future__ import annotations
@@ -287,6 +290,14 @@ def run_half(args: argparse.Namespace) -> dict[str, Any]:
     transformers.logging.set_verbosity_error()
     tokenizer = load_tokenizer(args.model)
     train_ds, data = load_train(args.dataset, tokenizer, args.max_length)
+    if args.same_windows:  # one epoch over the same seeded sample of rows in every half, every step timed
+        rows = args.steps * args.batch_size
+        if rows > len(train_ds):
+            raise ValueError(
+                f"--same-windows: {rows} rows asked (--steps x --batch-size), the dataset has {len(train_ds)}"
+            )
+        train_ds = train_ds.shuffle(seed=args.seed).select(range(rows))
+        data["same_windows"] = rows
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / args.half
         if args.half.startswith("simplan"):
@@ -305,6 +316,7 @@ def _child_argv(args: argparse.Namespace, half: str, dataset: str, result: Path)
     argv += ["--dataset", dataset, "--model", args.model, "--steps", str(args.steps), "--warmup", str(args.warmup)]
     argv += ["--batch-size", str(args.batch_size), "--max-length", str(args.max_length), "--dtype", args.dtype]
     argv += ["--bf16", str(args.bf16), "--threads", str(args.threads), "--seed", str(args.seed)]
+    argv += ["--same-windows"] if args.same_windows else []
     return argv + (["--trl-group-by-length"] if args.trl_group_by_length else [])
 
 
@@ -345,6 +357,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--trl-group-by-length", action="store_true", help="give TRL length-grouped batches too")
+    p.add_argument(
+        "--same-windows",
+        action="store_true",
+        help="every half trains one epoch over the same seeded sample of --steps x --batch-size rows, every step "
+        "timed (--warmup 0): the same supervised actions on both sides, in each trainer's own order",
+    )
     p.add_argument("--out", default="", help="write the results as JSON here")
     p.add_argument("--half", default="", choices=["", *HALVES], help=argparse.SUPPRESS)  # one half, in a child
     p.add_argument("--result", default="", help=argparse.SUPPRESS)
@@ -354,6 +372,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"--halves: {bad} not among {list(HALVES)}")
     if args.steps <= args.warmup:
         p.error(f"--steps {args.steps} must be more than --warmup {args.warmup}")
+    if args.same_windows and args.warmup:
+        p.error("--same-windows times every step of the epoch: give --warmup 0")
     args.halves = halves
     if args.bf16.lower() == "auto":
         from simplan.training.lora import bf16_supported

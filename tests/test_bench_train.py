@@ -60,6 +60,27 @@ def test_trl_and_simplan_supervise_the_same_tokens_of_a_conversation_export(benc
     assert ours["peak_rss_mb"] > 0 and ours["actions_per_cpu_s"] > 0
 
 
+def test_same_windows_times_the_same_work_in_each_trainers_own_order(bench, tmp_path: Path) -> None:
+    """simplan's length-grouped batches and TRL's random ones over one epoch of the same rows: the same actions,
+    supervised and non-padding tokens timed, whatever order each drew them in."""
+    from simplan.models.tiny import tiny_model
+
+    model = str(tiny_model("llama"))
+    dataset = bench.synthetic_dataset(tmp_path / "toy", model)
+    out = tmp_path / "bench.json"
+    argv = ["--model", model, "--dataset", str(dataset), "--halves", "simplan,trl", "--out", str(out)]
+    argv += ["--bf16", "false", "--threads", "1", "--steps", "3", "--warmup", "0", "--batch-size", "2"]
+    argv += ["--same-windows"]
+    assert bench.main(argv) == 0
+    results = json.loads(out.read_text())["results"]
+    ours, trl = results["simplan"], results["trl"]
+    assert ours["timed_steps"] == trl["timed_steps"] == 3 and ours["data"]["same_windows"] == 6
+    assert ours["actions"] == trl["actions"] > 0 and ours["real_tokens"] == trl["real_tokens"]
+    assert sum(ours["supervised_tokens_per_step"]) == sum(trl["supervised_tokens_per_step"])
+    with pytest.raises(SystemExit):
+        bench.parse(["--same-windows", "--warmup", "1"])
+
+
 def test_a_per_step_dataset_is_refused_naming_the_format(bench, tmp_path: Path) -> None:
     from datasets import Dataset, DatasetDict
 
