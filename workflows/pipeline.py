@@ -209,6 +209,7 @@ class Pipeline:
         self.hashes: dict[str, str] = {}
         self.model_path: str | None = None
         self.records: list[StageRecord] = []
+        self.depends: dict[str, list[str]] = {}  # stage -> the stages it reads, as `_expected` built them
 
     # -- paths ---------------------------------------------------------------------------------
     def data(self, fold: str) -> Path:
@@ -415,31 +416,32 @@ class Pipeline:
     def _digest(self, st: Stage) -> str:
         return _hash({"stage": st.name, "config": st.config, "depends": [self.hashes[d] for d in st.depends]})
 
-    def _needed(self, plan: list[str], chosen: list[str]) -> set[str]:
+    def _needed(self, chosen: list[str]) -> set[str]:
         """The chosen stages and every stage they read, transitively (`Stage.depends`): a stage before a chosen one
         that none of them reads (build-simulator for `--stages ...,build-decider,train-decider`) need not be done."""
-        depends = {name: self.stage(name).depends for name in plan}
         needed: set[str] = set()
         todo = list(chosen)
         while todo:
             name = todo.pop()
             if name not in needed:
                 needed.add(name)
-                todo += depends.get(name, [])
+                todo += self.depends.get(name, [])
         return needed
 
     def _expected(self, plan: list[str], chosen: list[str]) -> list[str]:
         """The stages this run will run, after building every stage's configuration: a bad key fails here,
-        before the first stage runs. The model folder is the one the model stage's marker recorded, if any."""
+        before the first stage runs; what each stage reads is kept for `_needed`. The model folder is the one the
+        model stage's marker recorded, if any."""
         saved = self.markers.read("model") or {}
         self.model_path = saved.get("model_path")
         runs = []
+        self.depends = {}
         for name in plan:
             try:
                 st = self.stage(name)
             except ValueError as e:
                 raise StageFailed(f"{name}: {e}", usage=True) from None
-            self.hashes[name] = self._digest(st)
+            self.hashes[name], self.depends[name] = self._digest(st), st.depends
             if name in chosen and (name in self.cfg.force or not self.complete(st, self.hashes[name])):
                 runs.append(name)
         self.hashes.clear()
@@ -453,7 +455,7 @@ class Pipeline:
         estimates = {k: 60.0 * float(v) for k, v in cfg.estimates.items()}
         clock = TimeLeft(self.markers.measured(self.stage_names), estimates)
         ahead = self._expected(plan, chosen)
-        needed = self._needed(plan, chosen)
+        needed = self._needed(chosen)
         self.records = []
         t_start = time.perf_counter()
         for i, name in enumerate(plan, start=1):

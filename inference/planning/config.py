@@ -35,7 +35,7 @@ from simplan.inference.planning.arms import ARMS, arm_preset
 from simplan.inference.planning.grading import GradingConfig
 from simplan.inference.planning.judge import JudgeWeights
 from simplan.inference.planning.pivots import PivotConfig
-from simplan.inference.planning.router import BudgetConfig, RouterConfig
+from simplan.inference.planning.router import BudgetConfig, RouterConfig, gives_horizon
 
 DEFAULT_BUDGET = PromptSettings().budget
 PROPOSE_MODES = ("auto", "score", "sample")
@@ -285,4 +285,4 @@ class PlannerConfig:
         horizon)."""
         routes = (self.grading.routes or {}).values() if self.grading.mode != "off" else ()
         overrides = [*self.budgets.family.values(), *routes]
-        return self.horizon > 0 or any(int(b.get("horizon", 0)) > 0 for b in overrides)
+        return self.horizon > 0 or gives_horizon(overrides)

@@ -1,7 +1,7 @@
 """Grading a request before its episode, and the route its grade takes: which budgets, and whether it may ask.
 
     grading = Grading.from_config(config.grading, env)           # None when grading is off
-    grade = grading.grade(goal, first_observation)              # RequestGrade(grade, by, probabilities, route)
+    grade = grading.grade(goal, first_observation)              # GradeEvent(grade, by, probabilities, route, withheld)
     budgets = Router(config).budgets(task, grade.route)         # the route's budgets over the family's
 
 The grades are data/grades.py's (trivial, single-step, multi-step, ambiguous: what the expert's path needed).
@@ -27,6 +27,7 @@ default. Each episode's grade is traced (the grade event) with the grader's prob
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 from collections import Counter
@@ -38,8 +39,10 @@ from typing import Any
 from simplan.core.errors import InputError
 from simplan.core.io import write_json
 from simplan.data.grades import request_words
+from simplan.envs.actions import tool_specs
 from simplan.envs.base import GRADES, Observation, env_extra
-from simplan.inference.planning.router import FAMILY_BUDGET_KEYS
+from simplan.inference.planning.router import FAMILY_BUDGET_KEYS, gives_horizon
+from simplan.inference.planning.trace_events import GradeEvent
 
 GRADING_MODES = ("off", "fitted", "env")
 GRADER_FILE = "grader.json"
@@ -118,9 +121,14 @@ class RequestGrader:
             counts[grade].update(words)
         return cls(seen, {g: dict(c) for g, c in counts.items()}, dict(Counter(grades)))
 
+    @functools.cached_property
+    def vocabulary(self) -> frozenset[str]:
+        """Every word the grader saw, in any grade."""
+        return frozenset(w for c in self.counts.values() for w in c)
+
     def probabilities(self, words: list[str]) -> dict[str, float]:
         """P(grade | words) for each grade the grader saw, summing to 1; words it never saw are left out."""
-        vocabulary = {w for c in self.counts.values() for w in c}
+        vocabulary = self.vocabulary
         total = sum(self.requests.values())
         scores = {}
         for g in self.grades:
@@ -140,7 +148,7 @@ class RequestGrader:
 
     def top_words(self, n: int = 8) -> dict[str, list[str]]:
         """Per grade, the words that most raise it over the others (log-ratio of smoothed frequencies)."""
-        vocabulary = {w for c in self.counts.values() for w in c}
+        vocabulary = self.vocabulary
         out = {}
         for g in self.grades:
             mine = self.counts[g]
@@ -186,17 +194,6 @@ class RequestGrader:
         return grader
 
 
-@dataclass
-class RequestGrade:
-    """An episode's grade, who gave it, and the route it takes."""
-
-    grade: str
-    by: str  # "env" (its grade_request rule) or "fitted" (the grader file)
-    probabilities: dict[str, float] = field(default_factory=dict)  # the fitted grader's; {} for the env's rule
-    route: dict[str, Any] = field(default_factory=dict)  # the route's budget overrides (grading.routes[grade])
-    withheld: list[str] = field(default_factory=list)  # tools the episode may not use (the ask tool, ask: false)
-
-
 class Grading:
     """The grader of one planner: the env's rule and/or the fitted grader, and the routes."""
 
@@ -218,7 +215,7 @@ class Grading:
 
     def simulates(self) -> bool:
         """Whether a route gives a horizon (the planner then needs the simulator adapter)."""
-        return any(int(r.get("horizon", 0)) > 0 for r in self.routes.values())
+        return gives_horizon(self.routes.values())
 
     @classmethod
     def from_config(cls, config: GradingConfig, env: object) -> Grading | None:
@@ -226,7 +223,8 @@ class Grading:
             return None
         return cls(config, env, RequestGrader.load(config.grader) if config.grader else None)
 
-    def grade(self, goal: str, observation: str) -> RequestGrade:
+    def grade(self, goal: str, observation: str) -> GradeEvent:
+        """The request's grade, who gave it and the route it takes, as the trace records it."""
         grade, by, probs = None, "env", {}
         if self.rule is not None:
             grade = self.rule(goal, observation)
@@ -240,12 +238,12 @@ class Grading:
         route = dict(self.routes[grade] if grade in self.routes else _default_routes().get(grade, {}))
         ask = route.pop("ask", True)
         withheld = [self.ask_tool] if self.ask_tool and not ask else []
-        return RequestGrade(grade, by, probs, route, withheld)
+        return GradeEvent(grade=grade, by=by, probabilities=probs, route=route, withheld=withheld)
 
 
 def withhold(obs: Observation, names: Collection[str]) -> Observation:
     """`obs` without the tools named in `names` (as the episode's decider sees it and its calls are checked)."""
     if not names or not obs.tools:
         return obs
-    kept = [t for t in obs.tools if not (isinstance(t, dict) and t.get("function", t).get("name") in names)]
+    kept = [t for t in obs.tools if not any(spec.get("name") in names for spec in tool_specs([t]))]
     return dataclasses.replace(obs, tools=kept)

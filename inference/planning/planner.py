@@ -113,7 +113,6 @@ from simplan.inference.planning.trace import (
     BacktrackEvent,
     EndEvent,
     EpisodeTrace,
-    GradeEvent,
     ParseFailureEvent,
     PivotEvent,
     ReplanEvent,
@@ -240,8 +239,7 @@ class Planner:
         ep = EpisodeRun(task, budgets, trace, meter, obs, obs.goal, env_seconds=env_seconds)
         if grade is not None:
             ep.withheld = frozenset(grade.withheld)
-            trace.add(GradeEvent(grade=grade.grade, by=grade.by, probabilities=grade.probabilities,
-                                 route=grade.route, withheld=grade.withheld), step=0)  # fmt: skip
+            trace.add(grade, step=0)
         facts = env_facts(self.env, None, obs.text, False) if error is None else []  # as collection records them
         ep.state = EpisodeState.start(obs.goal, obs.text, obs.tools, obs.valid_actions, facts=facts)
         ep.progress = Progress.start(obs.text)

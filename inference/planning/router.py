@@ -10,6 +10,7 @@ top candidate's verb, inference/planning/sim_accuracy.py, or an unsure decider) 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -181,6 +182,11 @@ def load_simulator_accuracy(config: PlannerConfig, adapter_dirs: dict[str, str])
             f"PlannerConfig.router.simulator_accuracy: {path} holds no predictions; evaluate on a fold's rows"
         )
     return table
+
+
+def gives_horizon(overrides: Iterable[dict[str, Any]]) -> bool:
+    """Whether any of these budget overrides (a family's, a grade's route) lets a decision be simulated."""
+    return any(int(o.get("horizon", 0)) > 0 for o in overrides)
 
 
 class Router:
