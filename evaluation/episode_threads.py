@@ -149,9 +149,13 @@ def run_in_slots(
             record(item, result)
 
     pool = ThreadPoolExecutor(max_workers=len(slots), thread_name_prefix="episode")
+    futures: list[Future] = []
     with ctrl_c_stops(batcher):  # set before the first episode starts, so no Ctrl-C meets the default handler
-        futures = [pool.submit(one, item) for item in items]
         try:
+            # Submitted inside the try: the first episode may already call the model (and a Ctrl-C land in
+            # the main thread) while the rest are being submitted; those not yet submitted are dropped.
+            for item in items:
+                futures.append(pool.submit(one, item))
             failed = _first_failure(futures)
             if failed is not None:
                 raise failed

@@ -201,6 +201,35 @@ def test_one_ctrl_c_that_reaches_an_episode_thread_stops_the_eval_at_once(tmp_pa
     assert time.perf_counter() - begun < 30
 
 
+def test_a_ctrl_c_while_episodes_are_still_being_submitted_stops_the_eval(capsys) -> None:
+    """The first episode runs while the main thread still submits the others; a Ctrl-C that lands then
+    (CI, 2026-12-06) raised outside the handling: no message, and the submitted episodes were never waited for."""
+    from simplan.evaluation.episode_threads import EnvSlot, run_in_slots
+
+    started = threading.Event()
+
+    class PressedWhileSubmitting(list):
+        def __iter__(self):
+            for i, item in enumerate(list.__iter__(self)):
+                if i == 2:
+                    assert started.wait(30)
+                    os.kill(os.getpid(), signal.SIGINT)  # the handler runs in the main thread, mid-submission
+                    time.sleep(0.5)
+                yield item
+
+    def play(i: int, slot: EnvSlot) -> int:
+        started.set()
+        time.sleep(0.2)
+        return i
+
+    played: list[int] = []
+    with pytest.raises(KeyboardInterrupt):
+        slots, batcher = [EnvSlot()], BatchingEngine(greedy_engine())
+        run_in_slots(PressedWhileSubmitting(range(6)), play, lambda i, r: played.append(r), slots, batcher)
+    assert "eval: stopping; 1 running episode(s) finish and are kept" in capsys.readouterr().err
+    assert played == [0]  # the running one finished and was recorded; the queued and unsubmitted were dropped
+
+
 def test_an_episode_setup_error_stops_the_eval(tmp_path) -> None:
     cfg = _cfg(tmp_path, planner={"decider_adapter": "missing"})
     with pytest.raises(ValueError, match="no adapter 'missing'"):
