@@ -22,7 +22,9 @@ same token ids and that same supervision:
   `trl` is TRL padded to the longest row with its default random sampler. TRL's default gradient checkpointing
   is turned off on both sides (the recipes do not checkpoint).
 - `simplan` is `simplan train`'s trainer as the recipes run it (batches grouped by length, padded, LM head at
-  labelled positions only); `simplan-packed` is its `--batching packed` (one row, no padding).
+  labelled positions only); `simplan-chunked` the same with `--lm_head_chunk 512` (the LM head on each row's own
+  labelled tokens, where the default runs it at the union of the batch's labelled positions in every row);
+  `simplan-packed` is its `--batching packed` (one row, no padding).
 
 Both load the base model the same way (bf16 weights under bf16 autocast where bf16 is on: --bf16 auto, the
 default, turns it on where the hardware has it natively, as `simplan train` does; sdpa) with the same
@@ -57,7 +59,7 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
-HALVES = ("simplan", "simplan-packed", "trl-pf", "trl")
+HALVES = ("simplan", "simplan-chunked", "simplan-packed", "trl-pf", "trl")
 IGNORE_INDEX = -100  # training/examples.py's; repeated so that counting needs no simplan import
 
 
@@ -121,6 +123,7 @@ class BatchCount:
     padded_tokens: int
     actions: int
     supervised_tokens: int
+    head_positions: int  # where simplan's default loss runs the LM head: rows x the union of labelled positions
 
 
 class CountingCollator:
@@ -136,7 +139,8 @@ class CountingCollator:
         mask = batch.get("attention_mask")
         actions, supervised = supervision(batch["labels"])
         real = int(mask.sum()) if mask is not None else ids.numel()  # padding-free rows have no padding
-        self.batches.append(BatchCount(real, ids.numel(), actions, supervised))
+        union = int((batch["labels"][:, 1:] != IGNORE_INDEX).any(dim=0).sum())
+        self.batches.append(BatchCount(real, ids.numel(), actions, supervised, ids.shape[0] * union))
         return batch
 
 
@@ -177,6 +181,7 @@ def measure(trainer: Any, steps: int, warmup: int) -> dict[str, Any]:
         "padding_efficiency": round(total["real_tokens"] / max(total["padded_tokens"], 1), 3),
         "actions": total["actions"],
         "supervised_tokens": total["supervised_tokens"],
+        "head_positions": total["head_positions"],
         "real_tokens": total["real_tokens"],
         "padded_tokens": total["padded_tokens"],
         "wall_s": round(wall, 1),
@@ -189,7 +194,9 @@ def measure(trainer: Any, steps: int, warmup: int) -> dict[str, Any]:
     }
 
 
-def run_simplan(args: argparse.Namespace, train_ds: Any, tokenizer: Any, out: Path, packed: bool) -> dict[str, Any]:
+def run_simplan(
+    args: argparse.Namespace, train_ds: Any, tokenizer: Any, out: Path, packed: bool, chunked: bool
+) -> dict[str, Any]:
     from transformers import set_seed
 
     from simplan.training.completion_trainer import SimplanTrainer
@@ -221,7 +228,7 @@ def run_simplan(args: argparse.Namespace, train_ds: Any, tokenizer: Any, out: Pa
         data_collator=PackingCollator() if packed else PaddingCollator(tokenizer.pad_token_id),
         processing_class=tokenizer,
         completion_only_logits=targs.completion_only_logits,
-        lm_head_chunk=targs.lm_head_chunk,
+        lm_head_chunk=512 if chunked else targs.lm_head_chunk,
     )
     return measure(trainer, args.steps, args.warmup)
 
@@ -301,7 +308,8 @@ def run_half(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / args.half
         if args.half.startswith("simplan"):
-            result = run_simplan(args, train_ds, tokenizer, out, packed=args.half == "simplan-packed")
+            packed, chunked = args.half == "simplan-packed", args.half == "simplan-chunked"
+            result = run_simplan(args, train_ds, tokenizer, out, packed=packed, chunked=chunked)
         else:
             result = run_trl(args, train_ds, tokenizer, out, padding_free=args.half == "trl-pf")
     peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kilobytes on Linux
