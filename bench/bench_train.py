@@ -21,10 +21,12 @@ same token ids and that same supervision:
   ids restarting per example; with sdpa transformers builds the block-diagonal mask from the position ids).
   `trl` is TRL padded to the longest row with its default random sampler. TRL's default gradient checkpointing
   is turned off on both sides (the recipes do not checkpoint).
-- `simplan` is `simplan train`'s trainer as the recipes run it (batches grouped by length, padded, LM head at
-  labelled positions only); `simplan-chunked` the same with `--lm_head_chunk 512` (the LM head on each row's own
-  labelled tokens, where the default runs it at the union of the batch's labelled positions in every row);
-  `simplan-packed` is its `--batching packed` (one row, no padding).
+- `simplan` is `simplan train`'s trainer (batches grouped by length, padded, LM head at labelled positions only)
+  on batches of --batch-size rows; `simplan-micro1` the same in micro-batches of one row accumulated to
+  --batch-size, as the CPU recipes train (the same optimizer step, no padding); `simplan-chunked` the same with
+  `--lm_head_chunk 512` (the LM head on each row's own labelled tokens, where the default runs it at the union
+  of the batch's labelled positions in every row); `simplan-packed` is its `--batching packed` (one row, no
+  padding).
 
 Both load the base model the same way (bf16 weights under bf16 autocast where bf16 is on: --bf16 auto, the
 default, turns it on where the hardware has it natively, as `simplan train` does; sdpa) with the same
@@ -59,7 +61,7 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
-HALVES = ("simplan", "simplan-chunked", "simplan-packed", "trl-pf", "trl")
+HALVES = ("simplan", "simplan-micro1", "simplan-chunked", "simplan-packed", "trl-pf", "trl")
 IGNORE_INDEX = -100  # training/examples.py's; repeated so that counting needs no simplan import
 
 
@@ -168,7 +170,9 @@ def measure(trainer: Any, steps: int, warmup: int) -> dict[str, Any]:
     trainer.add_callback(clock)
     trainer.data_collator = counter = CountingCollator(trainer.data_collator)
     trainer.train()
-    timed = counter.batches[warmup:steps]
+    per_step = trainer.args.gradient_accumulation_steps  # the collator makes each micro-batch
+    batches = [counter.batches[i : i + per_step] for i in range(0, len(counter.batches), per_step)]
+    timed = [b for step in batches[warmup:steps] for b in step]
     total = {k: sum(getattr(b, k) for b in timed) for k in asdict(timed[0])}
     wall = clock.end[0] - clock.start[0]
     cpu = clock.end[1] - clock.start[1]
@@ -187,15 +191,15 @@ def measure(trainer: Any, steps: int, warmup: int) -> dict[str, Any]:
         "wall_s": round(wall, 1),
         "cpu_s": round(cpu, 1),
         "cpu_per_wall": round(cpu / wall, 2),
-        "timed_steps": len(timed),
-        "supervised_tokens_per_step": [b.supervised_tokens for b in counter.batches[:steps]],
+        "timed_steps": len(batches[warmup:steps]),
+        "supervised_tokens_per_step": [sum(b.supervised_tokens for b in step) for step in batches[:steps]],
         "first_loss": round(losses[0], 4) if losses else None,
         "final_loss": round(losses[-1], 4) if losses else None,
     }
 
 
 def run_simplan(
-    args: argparse.Namespace, train_ds: Any, tokenizer: Any, out: Path, packed: bool, chunked: bool
+    args: argparse.Namespace, train_ds: Any, tokenizer: Any, out: Path, packed: bool, chunked: bool, micro1: bool
 ) -> dict[str, Any]:
     from transformers import set_seed
 
@@ -208,7 +212,8 @@ def run_simplan(
     targs = TrainArguments(
         output_dir=str(out),
         max_steps=args.steps,
-        per_device_train_batch_size=args.batch_size,
+        per_device_train_batch_size=1 if micro1 else args.batch_size,
+        gradient_accumulation_steps=args.batch_size if micro1 else 1,
         bf16=str(args.bf16).lower(),
         batching="packed" if packed else "group_by_length",
         logging_steps=1,
@@ -308,8 +313,8 @@ def run_half(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / args.half
         if args.half.startswith("simplan"):
-            packed, chunked = args.half == "simplan-packed", args.half == "simplan-chunked"
-            result = run_simplan(args, train_ds, tokenizer, out, packed=packed, chunked=chunked)
+            packed, chunked, micro1 = (args.half == f"simplan-{k}" for k in ("packed", "chunked", "micro1"))
+            result = run_simplan(args, train_ds, tokenizer, out, packed=packed, chunked=chunked, micro1=micro1)
         else:
             result = run_trl(args, train_ds, tokenizer, out, padding_free=args.half == "trl-pf")
     peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kilobytes on Linux

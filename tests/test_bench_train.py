@@ -68,7 +68,7 @@ def test_same_windows_times_the_same_work_in_each_trainers_own_order(bench, tmp_
     model = str(tiny_model("llama"))
     dataset = bench.synthetic_dataset(tmp_path / "toy", model)
     out = tmp_path / "bench.json"
-    argv = ["--model", model, "--dataset", str(dataset), "--halves", "simplan,trl", "--out", str(out)]
+    argv = ["--model", model, "--dataset", str(dataset), "--halves", "simplan,simplan-micro1,trl", "--out", str(out)]
     argv += ["--bf16", "false", "--threads", "1", "--steps", "3", "--warmup", "0", "--batch-size", "2"]
     argv += ["--same-windows"]
     assert bench.main(argv) == 0
@@ -77,6 +77,10 @@ def test_same_windows_times_the_same_work_in_each_trainers_own_order(bench, tmp_
     assert ours["timed_steps"] == trl["timed_steps"] == 3 and ours["data"]["same_windows"] == 6
     assert ours["actions"] == trl["actions"] > 0 and ours["real_tokens"] == trl["real_tokens"]
     assert sum(ours["supervised_tokens_per_step"]) == sum(trl["supervised_tokens_per_step"])
+    micro = results["simplan-micro1"]  # one row per micro-batch, two accumulated: the same steps, no padding
+    assert micro["timed_steps"] == 3 and micro["padding_efficiency"] == 1.0
+    assert micro["supervised_tokens_per_step"] == ours["supervised_tokens_per_step"]
+    assert micro["real_tokens"] == micro["padded_tokens"] == ours["real_tokens"]
     with pytest.raises(SystemExit):
         bench.parse(["--same-windows", "--warmup", "1"])
 
