@@ -198,9 +198,7 @@ def measure(trainer: Any, steps: int, warmup: int) -> dict[str, Any]:
     }
 
 
-def run_simplan(
-    args: argparse.Namespace, train_ds: Any, tokenizer: Any, out: Path, packed: bool, chunked: bool, micro1: bool
-) -> dict[str, Any]:
+def run_simplan(args: argparse.Namespace, train_ds: Any, tokenizer: Any, out: Path) -> dict[str, Any]:
     from transformers import set_seed
 
     from simplan.training.completion_trainer import SimplanTrainer
@@ -209,6 +207,7 @@ def run_simplan(
     from simplan.training.lora import load_model_for_training
     from simplan.training.trainer import training_arguments
 
+    packed, chunked, micro1 = (args.half == f"simplan-{variant}" for variant in ("packed", "chunked", "micro1"))
     targs = TrainArguments(
         output_dir=str(out),
         max_steps=args.steps,
@@ -313,8 +312,7 @@ def run_half(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / args.half
         if args.half.startswith("simplan"):
-            packed, chunked, micro1 = (args.half == f"simplan-{k}" for k in ("packed", "chunked", "micro1"))
-            result = run_simplan(args, train_ds, tokenizer, out, packed=packed, chunked=chunked, micro1=micro1)
+            result = run_simplan(args, train_ds, tokenizer, out)
         else:
             result = run_trl(args, train_ds, tokenizer, out, padding_free=args.half == "trl-pf")
     peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kilobytes on Linux
