@@ -225,7 +225,10 @@ def test_stage_configs_come_from_the_recipes(tmp_path, monkeypatch, capsys) -> N
     eval_stage = pipeline.stage("eval")
     assert eval_stage.config["eval"]["concurrency"] == 12 and eval_stage.config["eval"]["episodes"] == 3
     assert "max_steps" not in eval_stage.config["eval"]  # each task's cap comes from its expert path (the suite's)
-    assert eval_stage.config["eval"]["arm_overrides"]["simplan"] == {"horizon": 1, "judge": {"progress": 0.0}}
+    assert eval_stage.config["eval"]["arm_overrides"]["simplan"] == {
+        "horizon": 1,
+        "judge": {"progress": 0.0, "error": 0.0, "repeat": 0.0, "failed": 0.0},
+    }
 
     # a recipe file's contents are part of the stage's configuration: an edit re-runs the stage
     recipe = tmp_path / "decider.yaml"
