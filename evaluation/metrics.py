@@ -59,6 +59,15 @@ Transient failures and finishes (`RetryAccount`, from the act events; issue 20's
     premature_finishes  of those, finishes while the goal was not met (won false); premature_finish_episodes:
                         episodes with at least one
 
+Departures from the decider (`DepartureAccount`, from the imagine events' candidates):
+    judged_choices      decisions whose candidates hold at least two distinct first actions with the decider's
+                        log-probability known, one of them committed (a skipped simulation or a single proposal
+                        leaves the decider's top action unchallenged and is not counted)
+    departures          of those, decisions that committed another first action than the decider's most likely
+                        one (ties count as the decider's); departures_by_part: the judge part (likelihood aside)
+                        that gained most for the committed candidate over the decider's top one
+    departure_episodes  episodes with at least one departure; departure_won_episodes: of them, won
+
 Prompt tokens per step (`PromptAccount`, from the imagine events; prefilled = prompt - cached, the tokens
 the engine computed rather than reused from its prefix cache; scored candidates count as prompt tokens, so
 prefilled = context prefilled + candidate tokens):
@@ -220,6 +229,39 @@ def retry_account(trace: EpisodeTrace) -> RetryAccount:
 
 
 @dataclass
+class DepartureAccount:
+    """Where the judge committed another action than the decider's most likely one (module docstring)."""
+
+    judged_choices: int = 0
+    departures: int = 0
+    by_part: Counter = field(default_factory=Counter)  # deciding judge part -> departures
+
+    def add(self, other: DepartureAccount) -> None:
+        self.judged_choices += other.judged_choices
+        self.departures += other.departures
+        self.by_part.update(other.by_part)
+
+
+def departure_account(trace: EpisodeTrace) -> DepartureAccount:
+    acc = DepartureAccount()
+    for e in trace.of_type("imagine"):
+        ranked = [c for c in e.candidates if c.actions and c.logprob is not None]
+        chosen = next((c for c in ranked if c.chosen), None)
+        if chosen is None or len({c.actions[0] for c in ranked}) < 2:
+            continue
+        acc.judged_choices += 1
+        best = max(c.logprob for c in ranked)
+        tops = [c for c in ranked if c.logprob == best]
+        if chosen.actions[0] in {c.actions[0] for c in tops}:
+            continue
+        acc.departures += 1
+        top = tops[0]
+        gains = {k: v - top.parts.get(k, 0.0) for k, v in chosen.parts.items() if k != "likelihood"}
+        acc.by_part[max(gains, key=gains.get) if gains else "none"] += 1
+    return acc
+
+
+@dataclass
 class EpisodeRecord:
     """An episode's summary plus what the summary does not keep (replan reasons, why it was lost, prompt split,
     transient failures and finishes)."""
@@ -229,6 +271,7 @@ class EpisodeRecord:
     loss: Loss | None = None  # None for a won episode
     prompts: PromptAccount = field(default_factory=PromptAccount)
     retries: RetryAccount = field(default_factory=RetryAccount)
+    departures: DepartureAccount = field(default_factory=DepartureAccount)
 
 
 def episode_record(trace: EpisodeTrace) -> EpisodeRecord:
@@ -243,6 +286,7 @@ def episode_record(trace: EpisodeTrace) -> EpisodeRecord:
         classify_loss(trace),
         prompt_account(trace),
         retry_account(trace),
+        departure_account(trace),
     )
 
 
@@ -358,6 +402,11 @@ class GroupMetrics:
     asks: int = 0  # their calls to the ask tool
     asked_episodes: int = 0  # of them, episodes that asked at least once
     asked_successes: int = 0  # of those, won
+    judged_choices: int = 0
+    departures: int = 0
+    departures_by_part: dict[str, int] = field(default_factory=dict)
+    departure_episodes: int = 0
+    departure_won_episodes: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -426,7 +475,20 @@ def group_metrics(arm: str, family: str, records: list[EpisodeRecord]) -> GroupM
     prompt_step_metrics(m, records)
     retry_metrics(m, records)
     verdict_metrics(m, ss)
+    departure_metrics(m, records)
     return m
+
+
+def departure_metrics(m: GroupMetrics, records: list[EpisodeRecord]) -> None:
+    """Fill m's departure fields (module docstring) from the records' departure accounts."""
+    acc = DepartureAccount()
+    for r in records:
+        acc.add(r.departures)
+    m.judged_choices, m.departures = acc.judged_choices, acc.departures
+    m.departures_by_part = dict(acc.by_part.most_common())
+    departed = [r for r in records if r.departures.departures]
+    m.departure_episodes = len(departed)
+    m.departure_won_episodes = sum(bool(r.summary.success) for r in departed)
 
 
 def verdict_metrics(m: GroupMetrics, ss: list[EpisodeSummary]) -> None:

@@ -13,8 +13,9 @@ files with their size and SHA-256 so each number can be traced back, and writes:
   both played (a flywheel round's old and new adapters); success by game; lost episodes by loss class
   (evaluation/losses.py); the arms side by side; prompt tokens per decision, imagined step and real step,
   prefilled vs reused from the prefix cache; the trace files; transient failures that got through and
-  premature finishes, for runs that have any; episode endings foreseen by the simulator's verdicts, for
-  runs that have them; pivot and replan reasons), and plots/*.png next to it;
+  premature finishes, for runs that have any; where the judge departed from the decider's most likely
+  action (and the judge part that decided), for runs where it did; episode endings foreseen by the
+  simulator's verdicts, for runs that have them; pivot and replan reasons), and plots/*.png next to it;
 - report.html, the same content with the plots embedded as base64 PNG (one file to share);
 - metrics.json, every run's per-arm and per-(arm, game) metrics (GroupMetrics) as numbers.
 Plots (matplotlib, Agg backend): success by arm and game (Wilson 95% intervals), tokens per
@@ -43,6 +44,7 @@ from simplan.evaluation.report_tables import (
     ask_table,
     backtrack_table,
     coverage_lines,
+    departure_table,
     family_tables,
     files_table,
     grade_table,
@@ -130,9 +132,7 @@ def write_report(
     if goals is not None:
         main.append(goals)
     main += [t for t in (backtrack_table(runs), ask_table(runs), grade_table(runs)) if t is not None]
-    verdicts = verdict_table(runs)
-    if verdicts is not None:
-        main.append(verdicts)
+    main += [t for t in (departure_table(runs), verdict_table(runs)) if t is not None]
     main += extra or []
     details = [detail for _, detail in by_game]
     details += [reasons_table(runs), lost_episodes_table(runs)]

@@ -496,6 +496,32 @@ def verdict_table(runs: list[RunData]) -> Table | None:
     )
 
 
+def departure_table(runs: list[RunData]) -> Table | None:
+    """Where the judge committed another action than the decider's most likely one, per arm, for the runs where
+    some arm did; None when no run's did."""
+
+    def cells(m: GroupMetrics) -> list[str]:
+        won = of_count(m.departure_won_episodes, m.successes)
+        lost = of_count(m.departure_episodes - m.departure_won_episodes, m.episodes - m.successes)
+        parts = ", ".join(f"{part} {n}" for part, n in m.departures_by_part.items()) or "-"
+        return [of_count(m.departures, m.judged_choices), won, lost, parts]
+
+    rows = _arm_rows(runs, lambda m: m.departures > 0, cells)
+    if not rows:
+        return None
+    return Table(
+        "Where the judge departed from the decider",
+        ["run", "arm", "departures / judged choices", "won episodes with one", "lost episodes with one", "parts"],
+        rows,
+        "A judged choice is a decision whose imagined candidates held at least two first actions with the decider's "
+        "likelihood known; a departure commits another first action than the decider's most likely one. Parts: for "
+        "each departure, the judge's score part (likelihood aside) that gained most for the committed candidate "
+        "over the decider's top one (inference/planning/judge.py). Departures that come only in lost episodes, by "
+        "one part, point at that part as one to fit or turn off (metrics.json: departures, judged_choices, "
+        "departures_by_part, departure_episodes).",
+    )
+
+
 def lost_episodes_table(runs: list[RunData]) -> Table:
     rows = [
         [r.name, rec.loss.arm, rec.loss.family, rec.loss.episode_id, LOSS_LABELS[rec.loss.label], rec.loss.evidence]

@@ -7,8 +7,10 @@ import pytest
 from simplan.evaluation.metrics import aggregate, load_run, records_from_traces, wilson_interval
 from simplan.inference.planning.trace import (
     ActEvent,
+    CandidateRecord,
     EndEvent,
     EpisodeTrace,
+    ImagineEvent,
     PivotEvent,
     ReplanEvent,
     append_trace,
@@ -227,3 +229,58 @@ def test_injected_transient_faults_count_without_env_patterns() -> None:
     reactive, simplan = aggregate(records_from_traces(traces()))
     assert (reactive.transient_failures, reactive.injected_transient, reactive.got_through) == (1, 1, 1)
     assert (simplan.transient_failures, simplan.got_through_share, simplan.finish_calls) == (0, None, 0)
+
+
+def judged(*candidates: tuple[str, float | None, dict[str, float]], chosen: int) -> ImagineEvent:
+    """A decision's imagined candidates: (first action, decider logprob, judge parts); `chosen` is committed."""
+    return ImagineEvent(
+        candidates=[
+            CandidateRecord(index=i, actions=[a], logprob=lp, parts=parts, chosen=i == chosen)
+            for i, (a, lp, parts) in enumerate(candidates)
+        ]
+    )
+
+
+def with_decisions(trace: EpisodeTrace, *decisions: ImagineEvent) -> None:
+    """Add the decisions to a finished trace, before its end event."""
+    end = trace.events.pop()
+    for e in decisions:
+        trace.add(e)
+    trace.events.append(end)
+
+
+def departure_traces() -> list[EpisodeTrace]:
+    won = make_trace("toy/a/simplan/0", "simplan", "x", [{}, {}], True)
+    with_decisions(
+        won,
+        judged(("look", -0.1, {"likelihood": 0.45}), ("go", -2.0, {"likelihood": 0.07}), chosen=0),  # the top
+        judged(("look", -0.1, {"likelihood": 0.45}), chosen=0),  # one proposal: nothing to judge
+    )
+    lost = make_trace("toy/b/simplan/0", "simplan", "x", [{}, {}, {}], False)
+    with_decisions(
+        lost,
+        # the decider's top failed before: the judge takes the second (failed decides, repeat also moved)
+        judged(
+            ("take key", -0.2, {"failed": -1.0, "repeat": -0.5, "likelihood": 0.41}),
+            ("open door", -1.5, {"failed": 0.0, "repeat": 0.0, "likelihood": 0.11}),
+            chosen=1,
+        ),
+        judged(("look", -0.7, {}), ("go", -0.7, {}), chosen=1),  # a tie: the decider's too
+        judged(("look", None, {}), ("go", None, {}), chosen=1),  # no likelihood known: not judged
+        judged(("look", -0.1, {"error": -2.0}), ("look", -0.1, {}), chosen=1),  # one first action twice
+    )
+    return [won, lost]
+
+
+def test_departures_from_the_decider_count_where_the_judge_left_its_top_action() -> None:
+    from simplan.evaluation.metrics import DepartureAccount, departure_account
+
+    won, lost = departure_traces()
+    assert departure_account(won) == DepartureAccount(judged_choices=1, departures=0)
+    acc = departure_account(lost)
+    assert (acc.judged_choices, acc.departures, dict(acc.by_part)) == (2, 1, {"failed": 1})
+    (m,) = aggregate(records_from_traces([won, lost]))
+    assert (m.judged_choices, m.departures, m.departures_by_part) == (3, 1, {"failed": 1})
+    assert (m.departure_episodes, m.departure_won_episodes) == (1, 0)
+    (reactive, _) = aggregate(records_from_traces(traces()))  # no imagine event: nothing judged
+    assert (reactive.judged_choices, reactive.departures, reactive.departures_by_part) == (0, 0, {})

@@ -7,7 +7,12 @@ import json
 import re
 
 import pytest
-from test_metrics import make_trace, shop_traces, traces  # pytest puts tests/ on sys.path (rootdir-relative imports)
+from test_metrics import (  # pytest puts tests/ on sys.path (rootdir-relative imports)
+    departure_traces,
+    make_trace,
+    shop_traces,
+    traces,
+)
 
 from simplan.evaluation.metrics import aggregate, load_run
 from simplan.evaluation.report import write_report
@@ -144,3 +149,19 @@ def test_report_shows_transient_failures_and_finishes_only_for_runs_with_any(tmp
     assert arms["simplan"]["got_through_share"] == pytest.approx(6 / 7)
     assert (arms["simplan"]["injected_transient"], arms["simplan"]["premature_finish_episodes"]) == (3, 1)
     assert (arms["reactive"]["finish_calls"], arms["reactive"]["got_through_share"]) == (1, None)
+
+
+def test_report_shows_where_the_judge_departed_from_the_decider_only_for_runs_where_it_did(tmp_path) -> None:
+    departed, plain = tmp_path / "departed", tmp_path / "plain"
+    for t in departure_traces():
+        append_trace(departed / "traces.jsonl", t)
+    for t in traces():
+        append_trace(plain / "traces.jsonl", t)
+    assert "departed from the decider" not in write_report([plain], tmp_path / "plain-report")["md"].read_text()
+
+    paths = write_report([departed, plain], tmp_path / "report")
+    table = paths["md"].read_text().split("### Where the judge departed from the decider")[1].split("###")[0]
+    assert "| departed | simplan | 1/3 [33.3%] | 0/1 [0.0%] | 1/1 [100.0%] | failed 1 |" in table
+    assert "| plain |" not in table
+    (arm,) = json.loads(paths["json"].read_text())["runs"][0]["arms"]
+    assert (arm["departures"], arm["judged_choices"], arm["departures_by_part"]) == (1, 3, {"failed": 1})
