@@ -77,6 +77,9 @@ def load_trajectories(files: list[Path], include_errored: bool = False, max_char
     first one is kept). The same record twice is only counted (`skipped.duplicate_trajectory_id`).
     Observations and action texts longer than `max_chars` (0: no cap) are cut as they are read, with the
     note an env's own cap leaves (envs/limits.py), so one huge line does not hold its text through the build.
+    The trajectories come back in the order of their ids: collection workers write records in the order they
+    finish, and what is built from the same records must not depend on it (a turn is trained in the first window
+    that holds it, data/build_rows.py `conversation_rows`).
     """
     loaded = Loaded(max_chars=max_chars)
     for line in read_trajectory_lines(files):
@@ -95,6 +98,7 @@ def load_trajectories(files: list[Path], include_errored: bool = False, max_char
         else:
             loaded.capped_steps += cap_trajectory(traj, max_chars)
             loaded.trajectories.append(traj)
+    loaded.trajectories.sort(key=lambda t: t.id)
     return loaded
 
 

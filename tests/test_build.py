@@ -475,3 +475,19 @@ print(json.dumps({{"capped": res.stats["capped"], "peak_mb": peak_mb}}))
     assert report["peak_mb"] < 1000, report  # 630 MB measured (imports included); 3 GB before the cap
     md = (tmp_path / "out" / "stats.md").read_text()
     assert "cut at read time to 8,192 characters: 1" in md
+
+
+@pytest.mark.parametrize("fmt_name", ["step", "conversation"])
+def test_the_same_records_in_another_order_build_the_same_dataset(fmt_name, tmp_path, tokenizer, model_dir):
+    # collection workers write records in the order they finish; the build must not depend on it
+    from datasets import load_from_disk
+
+    trajs = write_toy(tmp_path / "toy.jsonl", {"train": 3, "dev": 1})
+    built = []
+    for name, order in (("forward", trajs), ("backward", trajs[::-1])):
+        src = tmp_path / f"{name}.jsonl"
+        write_jsonl(src, (t.to_dict() for t in order))
+        cfg = replace(_cfg(tmp_path, [src], model_dir, role="decider", format=fmt_name), out=str(tmp_path / name))
+        res = build(cfg, tokenizer=tokenizer)
+        built.append({f: load_from_disk(res.paths["dataset"])[f].to_list() for f in ("train", "dev")})
+    assert built[0] == built[1]
