@@ -185,6 +185,22 @@ def test_looks_like_error_defaults():
     assert not looks_like_error("You take the key.")
 
 
+def test_a_judge_reads_predictions_only_through_its_text_parts_or_a_judged_finish():
+    off = JudgeWeights(error=0.0, progress=0.0, repeat=0.0)
+    assert not Judge(off).reads_predictions(["look", "take key"])  # failed, length, likelihood: no text
+    assert Judge(off).reads_predictions(["look", "finish()"])  # premature: a finish judged from its prediction
+    assert not Judge(JudgeWeights(error=0.0, progress=0.0, repeat=0.0, premature=0.0)).reads_predictions(["finish()"])
+    for part in ("error", "progress", "repeat"):
+        assert Judge(JudgeWeights(**{"error": 0.0, "progress": 0.0, "repeat": 0.0, part: -0.1})).reads_predictions(
+            ["look"]
+        )
+    memory = JudgeMemory(seen_pairs={("look", "you are in room 1 of 4.")}, failed_actions={"look"})
+    for predicted in ([], ["You are in room 1 of 4."], ["You can't do that."]):  # what is not read scores the same
+        assert Judge(off).score(["look"], predicted, memory, probability=0.3) == Judge(off).score(
+            ["look"], [], memory, probability=0.3
+        )
+
+
 def test_judge_parts_by_hand():
     judge = Judge(
         JudgeWeights(error=-2, progress=1, repeat=-0.5, failed=-1, length=-0.1, likelihood=0.5, discount=0.5)

@@ -343,6 +343,29 @@ def test_adaptive_horizon_skips_simulation_when_the_decider_is_confident():
     assert unsure.requests("simulate") and not any(e.skipped_simulation for e in events(result, "imagine"))
 
 
+def test_a_judge_that_reads_no_prediction_imagines_only_the_committed_candidate():
+    # the TWX demo's simplan: horizon 1, the judge's text parts at 0; the others' observations cannot change the choice
+    off = {"error": 0.0, "progress": 0.0, "repeat": 0.0}
+    lazy_engine, _ = oracle_engine(confidence=0.5)
+    lazy = run(lazy_engine, config(k=3, horizon=1, judge=off))
+    full_engine, _ = oracle_engine(confidence=0.5)
+    full = run(full_engine, config(k=3, horizon=1, judge={**off, "repeat": -1e-9}))  # reads them: all imagined
+    assert lazy.summary.success and full.summary.success
+    assert [a.action for a in events(lazy, "act")] == [a.action for a in events(full, "act")]
+    assert [a.expectation for a in events(lazy, "act")] == [a.expectation for a in events(full, "act")]
+    for lazy_decision, full_decision in zip(events(lazy, "imagine"), events(full, "imagine"), strict=True):
+        assert [c.chosen for c in lazy_decision.candidates] == [c.chosen for c in full_decision.candidates]
+        assert [bool(c.predicted) for c in lazy_decision.candidates] == [c.chosen for c in lazy_decision.candidates]
+        assert "only the committed candidate imagined" in lazy_decision.reason
+        assert all(len(c.predicted) == 1 for c in full_decision.candidates)
+    assert len(lazy_engine.requests("simulate")) == len(events(lazy, "imagine"))
+    assert len(full_engine.requests("simulate")) > len(lazy_engine.requests("simulate"))
+    # a judge that reads a prediction, or a horizon beyond 1, imagines every candidate as before
+    deeper_engine, _ = oracle_engine(confidence=0.5)
+    deeper = run(deeper_engine, config(k=3, horizon=2, judge=off))
+    assert all(len(c.predicted) >= 1 for e in events(deeper, "imagine") for c in e.candidates)
+
+
 def test_config_presets_and_validation():
     assert (PlannerConfig(arm="reactive").k, PlannerConfig(arm="reactive").horizon) == (1, 0)
     assert PlannerConfig(arm="plan").pivots is False and PlannerConfig(arm="simplan").pivots is True

@@ -15,6 +15,9 @@ One decision, as the planning loop (planner.py) calls it when its queue is empty
    simulator "env" the env oracle (oracle.py) answers with its verdict (done, won, score); a simulator
    trained with verdicts says "[episode over: won|lost]" on its reply's last line. When every candidate's
    first step is predicted to lose, the decider's next K ranked actions are imagined too (`widen_lost`).
+   At horizon 1, when the judge reads no prediction (judge.py `reads_predictions`: its text parts at 0, a text
+   simulator without verdicts), the candidates are judged first and only the committed one is imagined: the
+   others' observations could not change the choice, and the committed one's is the expectation pivots check.
 3. Judge: judge.py scores each rollout with explicit, logged parts.
 4. Commit: the best rollout's actions are queued with their expectations, cut before the first predicted error
    or loss; the imagine and commit events go into the trace.
@@ -196,7 +199,8 @@ class Imagination:
         records, the best one's index, cache hits, how it was decided)."""
         b = ep.budgets
         rollouts = [Rollout([p.action], [], p.probability, p.logprob) for p in proposals]
-        hits = self._rollout(ep, rollouts, horizon, allowed)
+        committed_only = horizon == 1 and not self._reads_predictions(rollouts)
+        hits = self._rollout(ep, rollouts, horizon, allowed) if not committed_only else 0
         for _ in range(self.planner.config.imagination.widen_lost if horizon > 0 else 0):
             if not spare or not all(_first_lost(r) for r in rollouts):
                 break
@@ -233,7 +237,21 @@ class Imagination:
                 )
             )
         best = max(range(len(records)), key=lambda i: (records[i].total, -i))
+        if committed_only:  # the choice is made: imagine the committed candidate's observation, its expectation
+            hits += self._rollout(ep, [rollouts[best]], horizon, allowed)
+            chosen = rollouts[best]
+            records[best].predicted = [p if p is not None else "" for p in chosen.predicted]
+            records[best].confidence = [None if c is None else round(c, 6) for c in chosen.confidence]
+            how += "; only the committed candidate imagined: the judge reads no prediction"
         return rollouts, records, best, hits, how
+
+    def _reads_predictions(self, rollouts: list[Rollout]) -> bool:
+        """Whether the judge's choice among one-step rollouts can depend on their predictions: the env oracle's and
+        a verdict simulator's carry verdicts (won, lost, widening), and a text is read as judge.py
+        `reads_predictions` says."""
+        if self.oracle is not None or self.planner.prompts.simulator_settings.verdicts:
+            return True
+        return self.planner.judge.reads_predictions([r.actions[0].key() for r in rollouts])
 
     def _by_outcomes(
         self, ep: EpisodeRun, proposals: list[Proposal], spare: list[Proposal], allowed: list[str] | None

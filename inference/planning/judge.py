@@ -186,6 +186,14 @@ class Judge:
             return None
         return any(p.search(predicted) for p in self.accept_re)
 
+    def reads_predictions(self, first_keys: Sequence[str]) -> bool:
+        """Whether the score of a one-step rollout of these first actions depends on its predicted observation (a
+        text without verdicts): a part read from the text (error, progress, repeat) weighs something, or a finish is
+        among them and `premature` weighs something. When it does not, only the committed candidate's observation
+        is worth imagining (imagination.py): the others' cannot change the choice."""
+        w = self.w
+        return bool(w.error or w.progress or w.repeat) or (bool(w.premature) and any(map(is_finish, first_keys)))
+
     def score(
         self,
         action_keys: Sequence[str],
