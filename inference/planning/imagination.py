@@ -212,11 +212,9 @@ class Imagination:
             rollouts += more
             how += f"; every candidate predicted lost: imagined {len(more)} more"
         verdict = self._accepts() if any(is_finish(r.actions[0].key()) for r in rollouts) else None
-        records = []
-        for i, r in enumerate(rollouts):
-            keys = [a.key() for a in r.actions]
-            parts, total = self.planner.judge.score(
-                keys,
+        scores = [
+            self.planner.judge.score(
+                [a.key() for a in r.actions],
                 r.predicted,
                 ep.memory,
                 r.probability,
@@ -224,25 +222,25 @@ class Imagination:
                 confidence=r.confidence,
                 outcomes=r.outcomes,
             )
-            records.append(
-                CandidateRecord(
-                    index=i,
-                    actions=[render_action(a) for a in r.actions],
-                    predicted=[p if p is not None else "" for p in r.predicted],
-                    logprob=r.logprob,
-                    confidence=[None if c is None else round(c, 6) for c in r.confidence],
-                    outcomes=[None if o is None else o.label() for o in r.outcomes] or None,
-                    parts=parts,
-                    total=total,
-                )
-            )
-        best = max(range(len(records)), key=lambda i: (records[i].total, -i))
+            for r in rollouts
+        ]
+        best = max(range(len(scores)), key=lambda i: (scores[i][1], -i))
         if committed_only:  # the choice is made: imagine the committed candidate's observation, its expectation
             hits += self._rollout(ep, [rollouts[best]], horizon, allowed)
-            chosen = rollouts[best]
-            records[best].predicted = [p if p is not None else "" for p in chosen.predicted]
-            records[best].confidence = [None if c is None else round(c, 6) for c in chosen.confidence]
             how += "; only the committed candidate imagined: the judge reads no prediction"
+        records = [
+            CandidateRecord(
+                index=i,
+                actions=[render_action(a) for a in r.actions],
+                predicted=[p if p is not None else "" for p in r.predicted],
+                logprob=r.logprob,
+                confidence=[None if c is None else round(c, 6) for c in r.confidence],
+                outcomes=[None if o is None else o.label() for o in r.outcomes] or None,
+                parts=parts,
+                total=total,
+            )
+            for i, (r, (parts, total)) in enumerate(zip(rollouts, scores))
+        ]
         return rollouts, records, best, hits, how
 
     def _reads_predictions(self, rollouts: list[Rollout]) -> bool:
