@@ -250,9 +250,10 @@ def coverage_lines(runs: list[RunData]) -> list[str]:
         if not planned or finished >= planned:
             continue
         last = (r.info.get("run.json", {}).get("invocations") or [{}])[-1]
+        cut = "unstarted" if not last.get("stopped") else f"unstarted or stopped ({last['stopped']} stopped running)"
         why = (
-            f"the time budget ({last['max_minutes']:g} min) left the rest unstarted"
-            if last.get("not_started") and last.get("max_minutes")
+            f"the time budget ({last['max_minutes']:g} min) left the rest {cut}"
+            if (last.get("not_started") or last.get("stopped")) and last.get("max_minutes")
             else "the rest were not run"
         )
         lines.append(
@@ -607,6 +608,14 @@ def files_table(runs: list[RunData]) -> Table:
     )
 
 
+def _budget_cell(inv: dict[str, Any]) -> str:
+    """An invocation's episodes left by its time budget: not started (+ stopped while running) (the budget)."""
+    n, stopped = inv.get("not_started") or 0, inv.get("stopped") or 0
+    if not n and not stopped:
+        return "-"
+    return f"{n}{f' + {stopped} stopped' if stopped else ''} ({inv.get('max_minutes', 0):g} min)"
+
+
 def invocations_table(runs: list[RunData]) -> Table | None:
     rows = []
     for r in runs:
@@ -618,7 +627,7 @@ def invocations_table(runs: list[RunData]) -> Table | None:
                     r.name,
                     inv.get("finished", ""),
                     str(inv.get("episodes_run", "")),
-                    f"{inv['not_started']} ({inv.get('max_minutes', 0):g} min)" if inv.get("not_started") else "-",
+                    _budget_cell(inv),
                     num(inv.get("seconds")),
                     str(inv.get("concurrency", "")),
                     f"{eng.get('engine', '')} {eng.get('model', '')}".strip() or "-",
@@ -633,7 +642,7 @@ def invocations_table(runs: list[RunData]) -> Table | None:
             "run",
             "finished",
             "episodes",
-            "not started (time budget)",
+            "left by the time budget",
             "seconds",
             "concurrency",
             "engine",

@@ -46,6 +46,7 @@ import json
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -113,9 +114,10 @@ class EvalConfig:
     max_minutes: float = field(
         default=0.0,
         metadata=_help(
-            "time budget: no task starts after this many minutes of the run (0: none); episodes already running "
-            "finish and a started task's compared arms complete its pair; episodes are ordered for a budget: games "
-            "in turn, the first two arms of every task before later arms"
+            "time budget: no task starts after this many minutes of the run (0: none); a started task's compared "
+            "arms complete its pair, and episodes of later arms still running then are stopped (they run on the "
+            "next run); episodes are ordered for a budget: games in turn, the first two arms of every task before "
+            "later arms"
         ),
     )
     fresh: bool = field(default=False, metadata=_help("delete the run folder's previous results first"))
@@ -178,16 +180,23 @@ class EvalOutcome:
     results: Path
     errors: list[EpisodeError] = field(default_factory=list)  # in episode order; len(errors) == errored
     not_started: int = 0  # episodes the time budget (max_minutes) left for a later run
+    stopped: int = 0  # episodes of later arms the time budget stopped while running (they run on a later run)
+
+    @property
+    def left(self) -> int:
+        """Episodes the time budget left for a later run: not started or stopped."""
+        return self.not_started + self.stopped
 
 
 def budget_message(outcome: EvalOutcome, minutes: float) -> str | None:
     """What the user is told when the time budget left episodes unplayed (None when it left none)."""
-    if not outcome.not_started:
+    if not outcome.left:
         return None
+    stopped = f" and {outcome.stopped} stopped while running" if outcome.stopped else ""
     return (
         f"eval: the time budget ({minutes:g} min) ran out: {outcome.not_started} of {outcome.planned} episode(s) not "
-        "started; paired comparisons count the tasks both arms finished. Re-run the same command to play the next "
-        "ones (finished episodes are kept), or give --max_minutes 0 to play them all"
+        f"started{stopped}; paired comparisons count the tasks both arms finished. Re-run the same command to play "
+        "the rest (finished episodes are kept), or give --max_minutes 0 to play them all"
     )
 
 
@@ -269,14 +278,22 @@ def budget_order(specs: list[EpisodeSpec], arms: list[str]) -> list[EpisodeSpec]
 
 class TimeBudget:
     """Which episodes may still start under `EvalConfig.max_minutes`: any before the deadline; after it, only a
-    compared arm of a task whose other compared arm started (so pairs complete); the rest are counted.
-    `finished`: the episodes an earlier run finished (their tasks count as begun)."""
+    compared arm of a task whose other compared arm started (so pairs complete); the rest are counted
+    (`refused`). At the deadline, episodes of the later arms (the bound) still running are stopped
+    (`expire`): each `running` one's cancel is called and its id kept in `stopped`, so the budget bounds the
+    run's time while the pairs finish. `finished`: the episodes an earlier run finished (their tasks count as
+    begun)."""
+
+    STOP_REASON = "the eval time budget (max_minutes) ran out: the episode runs again on the next run"
 
     def __init__(self, minutes: float, arms: list[str], finished: list[EpisodeSpec]) -> None:
         self.deadline = time.perf_counter() + 60.0 * minutes if minutes > 0 else None
         self.compared = set(arms[:COMPARED_ARMS])
         self.begun = {s.fault_key for s in finished if s.arm in self.compared}  # tasks with a compared arm begun
         self.refused = 0
+        self.stopped: set[str] = set()  # episode ids of later arms stopped at the deadline
+        self._expired = False
+        self._running: dict[str, Callable[[str], None]] = {}  # later arms' episodes: id -> cancel
         self._lock = threading.Lock()
 
     def admit(self, spec: EpisodeSpec) -> bool:
@@ -292,6 +309,34 @@ class TimeBudget:
                 return True
             self.refused += 1
             return False
+
+    def running(self, spec: EpisodeSpec, cancel: Callable[[str], None]) -> None:
+        """`spec` started; `cancel(reason)` stops it (a later arm's episode is stopped at the deadline, at once
+        if the deadline passed while it was being started)."""
+        if self.deadline is None or spec.arm in self.compared:
+            return
+        with self._lock:
+            if not self._expired:
+                self._running[spec.episode_id] = cancel
+                return
+            self.stopped.add(spec.episode_id)
+        cancel(self.STOP_REASON)
+
+    def ended(self, spec: EpisodeSpec) -> None:
+        with self._lock:
+            self._running.pop(spec.episode_id, None)
+
+    def expire(self) -> None:
+        """The deadline: stop the later arms' running episodes."""
+        with self._lock:
+            self._expired = True
+            cut, self._running = self._running, {}
+            self.stopped.update(cut)
+        for cancel in cut.values():
+            cancel(self.STOP_REASON)
+
+    def seconds_left(self) -> float | None:
+        return None if self.deadline is None else max(0.0, self.deadline - time.perf_counter())
 
 
 def planner_config(cfg: EvalConfig, arm: str, entry: SuiteEntry, max_steps: int | None = None) -> Any:
@@ -398,7 +443,7 @@ def _evaluate_locked(
     left = {s.episode_id for s in todo}
     budget = TimeBudget(cfg.max_minutes, cfg.arms, [s for s in specs if s.episode_id not in left])
     tally = _run(cfg, out, engine, todo, configs, first_slot, concurrency, len(specs), skipped, budget)
-    _record_invocation(out, cfg, concurrency, tally.seconds, tally.counts, tally.batch, engine_info, budget.refused)
+    _record_invocation(out, cfg, concurrency, tally, engine_info, budget)
     return EvalOutcome(
         out=out,
         planned=len(specs),
@@ -411,6 +456,7 @@ def _evaluate_locked(
         results=out / RESULTS,
         errors=[tally.errors[s.episode_id] for s in todo if s.episode_id in tally.errors],
         not_started=budget.refused,
+        stopped=tally.counts["stopped"],
     )
 
 
@@ -492,7 +538,9 @@ def _run(
     budget: TimeBudget,
 ) -> _Tally:
     """Run `todo` in `concurrency` env slots sharing one batching engine, each started only if the `budget`
-    admits it; each finished episode is appended to the traces, then to the results."""
+    admits it; each finished episode is appended to the traces, then to the results. At the budget's deadline the
+    later arms' running episodes are stopped (through their batcher sessions: without a batcher they finish) and
+    not recorded."""
     started = time.perf_counter()
     # A model-free engine (expert, random) has no model calls to merge, and binds itself to each episode's env.
     batching = cfg.batching and not isinstance(engine, EnvBoundEngine)  # no model calls to merge
@@ -500,7 +548,7 @@ def _run(
     shared: Any = batcher if batcher is not None else engine
     count_tokens = locked_token_counter(engine)
     all_slots = [first_slot] + [EnvSlot() for _ in range(min(concurrency, max(1, len(todo))) - 1)]
-    counts = {"ran": 0, "errored": 0}
+    counts = {"ran": 0, "errored": 0, "stopped": 0}
     errors: dict[str, EpisodeError] = {}
     wins: dict[str, list[int]] = {a: [0, 0] for a in cfg.arms}
     bar = _progress(cfg, planned, skipped)
@@ -510,12 +558,22 @@ def _run(
         if isinstance(env, FaultyEnv):
             env.begin_episode(spec.fault_key)
         pcfg = configs[_config_key(spec)]
-        if batcher is not None:
-            with batcher.session():
+        if batcher is None:
+            return run_episode(shared, env, spec.task, pcfg, spec.episode_id, count_tokens)
+        with batcher.session() as session:
+            budget.running(spec, session.cancel)
+            try:
                 return run_episode(shared, env, spec.task, pcfg, spec.episode_id, count_tokens)
-        return run_episode(shared, env, spec.task, pcfg, spec.episode_id, count_tokens)
+            finally:
+                budget.ended(spec)
 
     def record(spec: EpisodeSpec, result: Any) -> None:
+        if spec.episode_id in budget.stopped and result.summary.status == "errored":  # cut: runs again next time
+            counts["stopped"] += 1
+            if bar is not None:
+                bar.total -= 1
+                bar.refresh()
+            return
         append_trace(out / TRACES, result.trace)
         append_jsonl(out / RESULTS, [result.summary.to_dict()])
         counts["ran"] += 1
@@ -537,7 +595,16 @@ def _run(
             bar.set_description_str(f"eval {Path(cfg.out).name} ({budget.refused} not started: time budget)")
         return False
 
-    run_in_slots(todo, play, record, all_slots, batcher, bar, admit=admit)
+    left = budget.seconds_left()
+    timer = threading.Timer(left, budget.expire) if left is not None else None
+    if timer is not None:
+        timer.daemon = True
+        timer.start()
+    try:
+        run_in_slots(todo, play, record, all_slots, batcher, bar, admit=admit)
+    finally:
+        if timer is not None:
+            timer.cancel()
     seconds = time.perf_counter() - started
     batch = batcher.stats.to_dict() if batcher is not None else {}
     return _Tally(counts, errors, seconds, batch)
@@ -559,25 +626,24 @@ def _record_invocation(
     out: Path,
     cfg: EvalConfig,
     concurrency: int,
-    seconds: float,
-    counts: dict[str, int],
-    batch: dict[str, Any],
+    tally: _Tally,
     engine_info: dict[str, Any],
-    not_started: int = 0,
+    budget: TimeBudget,
 ) -> None:
     path = out / "run.json"
     info = json.loads(path.read_text()) if path.exists() else {"invocations": []}
     info["invocations"].append(
         {
             "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
-            "seconds": round(seconds, 3),
-            "episodes_run": counts["ran"],
-            "errored": counts["errored"],
+            "seconds": round(tally.seconds, 3),
+            "episodes_run": tally.counts["ran"],
+            "errored": tally.counts["errored"],
             "max_minutes": cfg.max_minutes,
-            "not_started": not_started,
+            "not_started": budget.refused,
+            "stopped": tally.counts["stopped"],
             "concurrency": concurrency,
             "batching": cfg.batching,
-            "batch": batch,
+            "batch": tally.batch,
             "engine": engine_info,
         }
     )

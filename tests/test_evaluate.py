@@ -446,6 +446,81 @@ def test_time_budget_admits_only_the_partner_of_a_started_task_after_its_deadlin
     assert budget.refused == 2
 
 
+def test_a_time_budget_stops_the_later_arms_running_at_its_deadline_and_no_pair() -> None:
+    from simplan.evaluation.runner import TimeBudget
+
+    arms = ["reactive", "simplan", "plan"]
+    specs = {(s.task.task_id, s.arm): s for s in _specs({"coin": 2}, arms)}
+    cancelled: dict[str, str] = {}
+
+    def cancel_of(key: tuple[str, str]):
+        return lambda reason: cancelled.setdefault(specs[key].episode_id, reason)
+
+    budget = TimeBudget(10.0, arms, [])
+    for key in (("coin-0", "reactive"), ("coin-0", "simplan"), ("coin-0", "plan"), ("coin-1", "plan")):
+        budget.running(specs[key], cancel_of(key))
+    budget.ended(specs["coin-1", "plan"])  # finished before the deadline: nothing to stop
+    assert not cancelled
+    budget.expire()
+    assert list(cancelled) == [specs["coin-0", "plan"].episode_id]  # the later arm, not the pair
+    assert "time budget" in cancelled[specs["coin-0", "plan"].episode_id]
+    assert budget.stopped == {specs["coin-0", "plan"].episode_id}
+    budget.running(specs["coin-1", "plan"], cancel_of(("coin-1", "plan")))  # started as the deadline passed
+    assert specs["coin-1", "plan"].episode_id in cancelled and len(budget.stopped) == 2
+    unlimited = TimeBudget(0.0, arms, [])
+    unlimited.running(specs["coin-0", "plan"], lambda reason: pytest.fail("no budget stops nothing"))
+    unlimited.expire()
+
+
+def test_a_batch_session_cancel_ends_only_its_own_episode() -> None:
+    from simplan.inference.engines.batching import Cancelled
+
+    batcher = BatchingEngine(greedy_engine(), window=0.0)
+    request = GenerationRequest(messages=[{"role": "user", "content": "hi"}])
+    with batcher.session() as session:
+        session.cancel("stopped by a test")
+        with pytest.raises(Cancelled, match="stopped by a test"):
+            batcher.generate([request])
+    assert batcher.generate([request])  # a later call outside the cancelled session is served
+    results: dict[str, object] = {}
+
+    def episode(name: str, stop: bool) -> None:
+        with batcher.session() as session:
+            if stop:
+                session.cancel("stopped")
+            try:
+                results[name] = batcher.generate([request])[0].completions[0].text
+            except Cancelled as e:
+                results[name] = e
+
+    threads = [threading.Thread(target=episode, args=a) for a in (("kept", False), ("stopped", True))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    batcher.close()
+    assert results["kept"] == "go east" and isinstance(results["stopped"], Cancelled)
+
+
+def test_a_time_budget_stops_a_later_arms_running_episode_and_the_next_run_plays_it(tmp_path) -> None:
+    from simplan.evaluation.report import write_report
+
+    arms = ["reactive", "simplan", "plan"]
+    # One task, its three episodes at once, every model call 0.1 s: all outlast the 0.15 s budget.
+    cfg = _cfg(tmp_path, arms=arms, episodes=1, max_minutes=0.15 / 60)
+    cut = evaluate(cfg, greedy_engine(latency=0.1), concurrency=3)
+    assert cut.planned == 3 and cut.ran == 2 and cut.stopped == 1 and cut.not_started == 0 and cut.errored == 0
+    assert sorted(r.summary.arm for r in load_run(cut.out)) == ["reactive", "simplan"]  # the pair completes
+    assert not (cut.out / (TRACES + ".errored")).exists()  # a stopped episode is not a crash
+    (inv,) = json.loads((cut.out / "run.json").read_text())["invocations"]
+    assert inv["stopped"] == 1 and inv["not_started"] == 0
+    lead = (tmp_path / "report" / "report.md", write_report([cut.out], tmp_path / "report"))[0].read_text()
+    assert "left the rest unstarted or stopped (1 stopped running)" in lead
+    rest = evaluate(_cfg(tmp_path, arms=arms, episodes=1), greedy_engine(), concurrency=3)
+    assert rest.skipped == 2 and rest.ran == 1 and rest.stopped == 0
+    assert sorted(r.summary.arm for r in load_run(rest.out)) == sorted(arms)
+
+
 def test_a_time_budget_stops_new_tasks_and_the_next_run_plays_the_rest(tmp_path) -> None:
     from simplan.evaluation.report import write_report
 

@@ -217,7 +217,7 @@ def run_eval(eval_cfg: EvalConfig, engine_cfg: EngineConfig) -> str:
     cut = budget_message(outcome, eval_cfg.max_minutes)
     if cut:  # finished within its budget: the report says how many tasks were paired
         print(cut, flush=True)
-        return f"{outcome.planned - outcome.not_started} of {outcome.planned} episodes (time budget)"
+        return f"{outcome.planned - outcome.left} of {outcome.planned} episodes (time budget)"
     return f"{outcome.planned} episodes"
 
 

@@ -20,6 +20,8 @@ planner's own fallbacks work as they do without batching.
 `cancel(reason)` ends the episodes at their next model call: waiting and later calls raise
 `Cancelled(reason)` (the planner records the episode as errored), the call in flight finishes first.
 `simplan eval` cancels on a second Ctrl-C, so a stop does not wait for a dozen long episodes.
+`session.cancel(reason)` (the handle `session()` yields) does the same for one episode: a time budget
+stops the episodes it no longer waits for.
 """
 
 from __future__ import annotations
@@ -47,10 +49,23 @@ class Cancelled(RuntimeError):
     """A model call refused because the batcher was cancelled (`BatchingEngine.cancel`)."""
 
 
+class BatchSession:
+    """One episode thread's membership of a `BatchingEngine` (what `session()` yields); `cancel(reason)` refuses
+    the episode's waiting and later calls with `Cancelled(reason)`, the call in flight finishes first."""
+
+    def __init__(self, batcher: BatchingEngine) -> None:
+        self._batcher = batcher
+        self.cancelled: str | None = None
+
+    def cancel(self, reason: str) -> None:
+        self._batcher._cancel_session(self, reason)
+
+
 @dataclass
 class _Job:
     kind: str  # generate | score
     requests: list[Any]
+    session: BatchSession | None = None  # the caller's (None: a call outside any session)
     arrived: float = field(default_factory=time.monotonic)
     done: threading.Event = field(default_factory=threading.Event)
     results: list[Any] | None = None
@@ -100,19 +115,24 @@ class BatchingEngine:
         self._active = 0
         self._closed = False
         self._cancelled: str | None = None
+        self._local = threading.local()  # .session: the calling thread's BatchSession
         self._thread = threading.Thread(target=self._loop, name="batching-engine", daemon=True)
         self._thread.start()
 
     # -- callers ---------------------------------------------------------------------------------
     @contextmanager
-    def session(self) -> Iterator[None]:
-        """Mark the calling thread as an active episode (the dispatcher waits for active episodes)."""
+    def session(self) -> Iterator[BatchSession]:
+        """Mark the calling thread as an active episode (the dispatcher waits for active episodes); yields the
+        handle that cancels this episode's calls alone."""
+        handle = BatchSession(self)
         with self._cond:
             self._active += 1
             self._cond.notify_all()
+        outer, self._local.session = getattr(self._local, "session", None), handle
         try:
-            yield
+            yield handle
         finally:
+            self._local.session = outer
             with self._cond:
                 self._active -= 1
                 self._cond.notify_all()
@@ -131,10 +151,13 @@ class BatchingEngine:
     def _submit(self, kind: str, requests: list[Any]) -> list[Any]:
         if not requests:
             return []
-        job = _Job(kind, list(requests))
+        session = getattr(self._local, "session", None)
+        job = _Job(kind, list(requests), session)
         with self._cond:
             if self._cancelled is not None:
                 raise Cancelled(self._cancelled)
+            if session is not None and session.cancelled is not None:
+                raise Cancelled(session.cancelled)
             if self._closed:
                 raise RuntimeError("BatchingEngine: closed; create a new one")
             self._pending.append(job)
@@ -220,6 +243,16 @@ class BatchingEngine:
         with self._cond:
             self._cancelled = reason
             jobs, self._pending = self._pending, []
+            self._cond.notify_all()
+        for job in jobs:
+            job.error = Cancelled(reason)
+            job.done.set()
+
+    def _cancel_session(self, session: BatchSession, reason: str) -> None:
+        with self._cond:
+            session.cancelled = reason
+            jobs = [j for j in self._pending if j.session is session]
+            self._pending = [j for j in self._pending if j.session is not session]
             self._cond.notify_all()
         for job in jobs:
             job.error = Cancelled(reason)
