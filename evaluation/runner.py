@@ -188,15 +188,19 @@ class EvalOutcome:
         return self.not_started + self.stopped
 
 
-def budget_message(outcome: EvalOutcome, minutes: float) -> str | None:
-    """What the user is told when the time budget left episodes unplayed (None when it left none)."""
+def budget_message(outcome: EvalOutcome, minutes: float, rerun: str = "") -> str | None:
+    """What the user is told when the time budget left episodes unplayed (None when it left none); `rerun`: how
+    to play the rest (default: the same `simplan eval` command)."""
     if not outcome.left:
         return None
     stopped = f" and {outcome.stopped} stopped while running" if outcome.stopped else ""
+    rerun = rerun or (
+        "Re-run the same command to play the rest (finished episodes are kept), or give --max_minutes 0 to play "
+        "them all"
+    )
     return (
         f"eval: the time budget ({minutes:g} min) ran out: {outcome.not_started} of {outcome.planned} episode(s) not "
-        f"started{stopped}; paired comparisons count the tasks both arms finished. Re-run the same command to play "
-        "the rest (finished episodes are kept), or give --max_minutes 0 to play them all"
+        f"started{stopped}; paired comparisons count the tasks both arms finished. {rerun}"
     )
 
 

@@ -538,3 +538,17 @@ def test_a_time_budget_stops_new_tasks_and_the_next_run_plays_the_rest(tmp_path)
     assert rest.skipped == 2 and rest.ran == 10 and rest.not_started == 0
     write_report([rest.out], tmp_path / "report")
     assert "planned episodes finished" not in (tmp_path / "report" / "report.md").read_text()
+
+
+def test_the_budget_message_counts_what_was_left_and_says_how_to_play_it(tmp_path) -> None:
+    from simplan.evaluation.runner import EvalOutcome, budget_message
+
+    def outcome(not_started: int, stopped: int) -> EvalOutcome:
+        return EvalOutcome(tmp_path, 72, 0, 60, 0, 1.0, {}, tmp_path, tmp_path, [], not_started, stopped)
+
+    assert budget_message(outcome(0, 0), 25.0) is None
+    alone = budget_message(outcome(10, 2), 25.0)
+    assert "10 of 72 episode(s) not started and 2 stopped while running" in alone
+    assert "Re-run the same command" in alone
+    staged = budget_message(outcome(0, 3), 25.0, rerun="run the stage alone: simplan eval --out X")
+    assert "0 of 72 episode(s) not started and 3 stopped" in staged and staged.endswith("simplan eval --out X")

@@ -361,12 +361,13 @@ class Pipeline:
             "out": str(out),
         }
         eval_cfg, engine_cfg = load_configs([EvalConfig, EngineConfig], None, values, "pipeline keys eval/engine")
+        alone = command_line("eval", flags(values))
         return Stage(
             name,
-            command_line("eval", flags(values)),
+            alone,
             eval_stage_config(eval_cfg, engine_cfg),
             [out / "traces.jsonl"],
-            lambda: run_eval(eval_cfg, engine_cfg),
+            lambda: run_eval(eval_cfg, engine_cfg, alone),
             [*depends, "model"],
             clear=[out],
             upgrade=upgrade_eval_stage_config,

@@ -193,7 +193,8 @@ def upgrade_eval_stage_config(old: dict[str, Any]) -> dict[str, Any]:
     return eval_stage_config(eval_cfg, engine_cfg)
 
 
-def run_eval(eval_cfg: EvalConfig, engine_cfg: EngineConfig) -> str:
+def run_eval(eval_cfg: EvalConfig, engine_cfg: EngineConfig, alone: str = "") -> str:
+    """The eval stage; `alone`: the `simplan eval` command that runs it by itself (a budget cut points to it)."""
     from simplan.evaluation.folder_lock import check_unlocked
     from simplan.evaluation.runner import budget_message, errored_message, evaluate
     from simplan.inference.engines import engine_from_config, is_merged
@@ -214,7 +215,13 @@ def run_eval(eval_cfg: EvalConfig, engine_cfg: EngineConfig) -> str:
     crashed = errored_message(outcome)
     if crashed:  # not finished: no marker, so the report never runs on crashes and the next run retries them
         raise StageFailed(crashed)
-    cut = budget_message(outcome, eval_cfg.max_minutes)
+    rerun = (
+        f"To play the rest, run the stage alone with --max_minutes 0 (finished episodes are kept): {alone}; then "
+        "re-run the pipeline with --force report"
+        if alone
+        else ""
+    )
+    cut = budget_message(outcome, eval_cfg.max_minutes, rerun)
     if cut:  # finished within its budget: the report says how many tasks were paired
         print(cut, flush=True)
         return f"{outcome.planned - outcome.left} of {outcome.planned} episodes (time budget)"
