@@ -281,8 +281,9 @@ class PlannerConfig:
         return from_mapping(cls, mapping, source)
 
     def simulates(self) -> bool:
-        """Whether any decision of any task may be simulated (a family's budgets or a grade's route may give a
-        horizon)."""
+        """Whether any decision of any task may be simulated by this config alone (a family's budgets or a route
+        written in `grading.routes` may give a horizon). A grader file's fitted routes are not read here: the
+        planner asks `Grading.simulates()` for those."""
         routes = (self.grading.routes or {}).values() if self.grading.mode != "off" else ()
         overrides = [*self.budgets.family.values(), *routes]
         return self.horizon > 0 or gives_horizon(overrides)
