@@ -115,9 +115,9 @@ class EvalConfig:
         default=0.0,
         metadata=_help(
             "time budget: no task starts after this many minutes of the run (0: none); a started task's compared "
-            "arms complete its pair, and episodes of later arms still running then are stopped (they run on the "
-            "next run); episodes are ordered for a budget: games in turn, the first two arms of every task before "
-            "later arms"
+            "arms complete its pair; a later arm's episode starts only if its step cap fits in the time left at "
+            "that arm's pace so far, and those still running then are stopped (they run on the next run); "
+            "episodes are ordered for a budget: games in turn, the first two arms of every task before later arms"
         ),
     )
     fresh: bool = field(default=False, metadata=_help("delete the run folder's previous results first"))
@@ -281,11 +281,13 @@ def budget_order(specs: list[EpisodeSpec], arms: list[str]) -> list[EpisodeSpec]
 
 
 class TimeBudget:
-    """Which episodes may still start under `EvalConfig.max_minutes`: any before the deadline; after it, only a
-    compared arm of a task whose other compared arm started (so pairs complete); the rest are counted
-    (`refused`). At the deadline, episodes of the later arms (the bound) still running are stopped
-    (`expire`): each `running` one's cancel is called and its id kept in `stopped`, so the budget bounds the
-    run's time while the pairs finish. `finished`: the episodes an earlier run finished (their tasks count as
+    """Which episodes may still start under `EvalConfig.max_minutes`: any compared arm before the deadline; after
+    it, only a compared arm of a task whose other compared arm started (so pairs complete). A later arm's episode
+    (the bound) starts only if it can finish before the deadline: its step cap at the arm's pace so far (seconds
+    per step over its finished episodes, `finished_episode`; before any, the slowest arm's) fits in the time
+    left. Refused episodes are counted (`refused`). At the deadline, later arms' episodes still running are
+    stopped (`expire`): each `running` one's cancel is called and its id kept in `stopped`, so the budget bounds
+    the run's time while the pairs finish. `finished`: the episodes an earlier run finished (their tasks count as
     begun)."""
 
     STOP_REASON = "the eval time budget (max_minutes) ran out: the episode runs again on the next run"
@@ -298,21 +300,35 @@ class TimeBudget:
         self.stopped: set[str] = set()  # episode ids of later arms stopped at the deadline
         self._expired = False
         self._running: dict[str, Callable[[str], None]] = {}  # later arms' episodes: id -> cancel
+        self._pace: dict[str, list[float]] = {}  # arm -> [seconds, steps] of its finished episodes
         self._lock = threading.Lock()
 
     def admit(self, spec: EpisodeSpec) -> bool:
         with self._lock:
             compared = spec.arm in self.compared
-            if (
-                self.deadline is None
-                or time.perf_counter() < self.deadline
-                or (compared and spec.fault_key in self.begun)
-            ):
-                if compared:
-                    self.begun.add(spec.fault_key)
+            if self.deadline is None:
+                return True
+            left = self.deadline - time.perf_counter()
+            if compared and (left > 0 or spec.fault_key in self.begun):
+                self.begun.add(spec.fault_key)
+                return True
+            if not compared and left > 0 and self._fits(spec, left):
                 return True
             self.refused += 1
             return False
+
+    def _fits(self, spec: EpisodeSpec, left: float) -> bool:
+        """Whether `spec`'s step cap at its arm's pace (else the slowest arm's; none yet: it fits) fits in `left`."""
+        paces = {arm: seconds / steps for arm, (seconds, steps) in self._pace.items() if steps}
+        pace = paces.get(spec.arm, max(paces.values(), default=0.0))
+        return spec.max_steps * pace <= left
+
+    def finished_episode(self, spec: EpisodeSpec, seconds: float, steps: int) -> None:
+        """An episode of this run finished in `seconds` of wall time after `steps` real steps (its arm's pace)."""
+        with self._lock:
+            pace = self._pace.setdefault(spec.arm, [0.0, 0])
+            pace[0] += seconds
+            pace[1] += steps
 
     def running(self, spec: EpisodeSpec, cancel: Callable[[str], None]) -> None:
         """`spec` started; `cancel(reason)` stops it (a later arm's episode is stopped at the deadline, at once
@@ -581,6 +597,7 @@ def _run(
         append_trace(out / TRACES, result.trace)
         append_jsonl(out / RESULTS, [result.summary.to_dict()])
         counts["ran"] += 1
+        budget.finished_episode(spec, result.summary.wall_seconds, result.summary.steps)
         if result.summary.status == "errored":
             counts["errored"] += 1
             end = result.trace.end

@@ -446,6 +446,25 @@ def test_time_budget_admits_only_the_partner_of_a_started_task_after_its_deadlin
     assert budget.refused == 2
 
 
+def test_a_later_arms_episode_starts_only_if_its_step_cap_fits_at_its_pace() -> None:
+    import dataclasses
+
+    from simplan.evaluation.runner import TimeBudget
+
+    arms = ["reactive", "simplan", "simplan-oracle"]
+    specs = {(s.task.task_id, s.arm): s for s in _specs({"coin": 3}, arms)}  # step caps of 20
+    budget = TimeBudget(10.0, arms, [])  # 600 s left
+    assert budget.admit(specs["coin-0", "simplan-oracle"])  # no pace measured yet: it may start
+    budget.finished_episode(specs["coin-0", "reactive"], seconds=100.0, steps=10)  # 10 s per step
+    budget.finished_episode(specs["coin-0", "simplan"], seconds=200.0, steps=10)  # 20 s per step: the slowest
+    assert budget.admit(specs["coin-1", "simplan-oracle"])  # 20 steps x 20 s = 400 s <= 600 s
+    budget.finished_episode(specs["coin-0", "simplan-oracle"], seconds=320.0, steps=8)  # its own pace: 40 s
+    assert not budget.admit(specs["coin-2", "simplan-oracle"])  # 20 x 40 s = 800 s > 600 s
+    short = dataclasses.replace(specs["coin-2", "simplan-oracle"], max_steps=12)
+    assert budget.admit(short)  # 12 x 40 s = 480 s fits
+    assert budget.admit(specs["coin-2", "reactive"]) and budget.refused == 1  # the compared arms are not paced
+
+
 def test_a_time_budget_stops_the_later_arms_running_at_its_deadline_and_no_pair() -> None:
     from simplan.evaluation.runner import TimeBudget
 
