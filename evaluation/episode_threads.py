@@ -34,28 +34,55 @@ Item = TypeVar("Item")
 Result = TypeVar("Result")
 
 
+class _Presses:
+    """Ctrl-C presses while episodes run; `held()`: a first press that lands inside it is kept until it ends."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._holding = False
+        self._pending = False
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        self._holding = True
+        try:
+            yield
+        finally:
+            self._holding = False
+        if self._pending:
+            self._pending = False
+            raise KeyboardInterrupt
+
+    def first(self) -> None:
+        if self._holding:
+            self._pending = True
+            return
+        raise KeyboardInterrupt
+
+
 @contextlib.contextmanager
-def ctrl_c_stops(batcher: BatchingEngine | None) -> Iterator[None]:
+def ctrl_c_stops(batcher: BatchingEngine | None) -> Iterator[_Presses]:
     """Ctrl-C while episodes run: the first raises KeyboardInterrupt as usual (episodes not started are dropped,
-    running ones finish and are written); a second, wherever it lands, cancels the batcher, so each running
-    episode ends at its next model call, recorded as errored (the next run plays it again). Without a batcher,
-    or outside the main thread (no signal handler can be set there), Ctrl-C behaves as it always does."""
+    running ones finish and are written), or, inside the yielded `held()`, when it ends; a second, wherever it
+    lands, cancels the batcher, so each running episode ends at its next model call, recorded as errored (the
+    next run plays it again). Without a batcher, or outside the main thread (no signal handler can be set there),
+    Ctrl-C behaves as it always does."""
+    presses = _Presses()
     if batcher is None or threading.current_thread() is not threading.main_thread():
-        yield
+        yield presses
         return
-    presses = 0
 
     def on_sigint(signum: int, frame: Any) -> None:
-        nonlocal presses
-        presses += 1
-        if presses == 1:
-            raise KeyboardInterrupt
+        presses.count += 1
+        if presses.count == 1:
+            presses.first()
+            return
         print("eval: cutting the running episodes at their next model call", file=sys.stderr, flush=True)
         batcher.cancel("evaluation stopped by Ctrl-C; the episode runs again on the next run")
 
     previous = signal.signal(signal.SIGINT, on_sigint)
     try:
-        yield
+        yield presses
     finally:
         signal.signal(signal.SIGINT, previous)
 
@@ -150,12 +177,15 @@ def run_in_slots(
 
     pool = ThreadPoolExecutor(max_workers=len(slots), thread_name_prefix="episode")
     futures: list[Future] = []
-    with ctrl_c_stops(batcher):  # set before the first episode starts, so no Ctrl-C meets the default handler
+    with ctrl_c_stops(batcher) as presses:  # set before the first episode starts: no Ctrl-C meets the default
         try:
-            # Submitted inside the try: the first episode may already call the model (and a Ctrl-C land in
-            # the main thread) while the rest are being submitted; those not yet submitted are dropped.
+            # The first episode may already call the model (and a Ctrl-C land in the main thread) while the rest
+            # are being submitted. A press raised inside pool.submit would lose the future of an episode that
+            # runs (nothing would wait for it): a press is held to the end of each submit, then raised, and the
+            # episodes not yet submitted are dropped.
             for item in items:
-                futures.append(pool.submit(one, item))
+                with presses.held():
+                    futures.append(pool.submit(one, item))
             failed = _first_failure(futures)
             if failed is not None:
                 raise failed
