@@ -240,19 +240,22 @@ class BatchingEngine:
 
     def cancel(self, reason: str) -> None:
         """Refuse every waiting and later call with `Cancelled(reason)`; the call in flight finishes."""
-        with self._cond:
-            self._cancelled = reason
-            jobs, self._pending = self._pending, []
-            self._cond.notify_all()
-        for job in jobs:
-            job.error = Cancelled(reason)
-            job.done.set()
+        self._refuse(reason)
 
     def _cancel_session(self, session: BatchSession, reason: str) -> None:
+        self._refuse(reason, session)
+
+    def _refuse(self, reason: str, session: BatchSession | None = None) -> None:
+        """Refuse the waiting and later calls of `session` (None: of every caller) with `Cancelled(reason)`."""
         with self._cond:
-            session.cancelled = reason
-            jobs = [j for j in self._pending if j.session is session]
-            self._pending = [j for j in self._pending if j.session is not session]
+            if session is None:
+                self._cancelled = reason
+            else:
+                session.cancelled = reason
+            jobs, kept = [], []
+            for j in self._pending:
+                (jobs if session is None or j.session is session else kept).append(j)
+            self._pending = kept
             self._cond.notify_all()
         for job in jobs:
             job.error = Cancelled(reason)
