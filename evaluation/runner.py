@@ -573,6 +573,14 @@ def _run(
     wins: dict[str, list[int]] = {a: [0, 0] for a in cfg.arms}
     bar = _progress(cfg, planned, skipped)
 
+    def leave_out() -> None:
+        """The bar ends at the episodes the time budget let finish: one fewer (not started or stopped)."""
+        if bar is None:
+            return
+        bar.total -= 1
+        cut = [f"{budget.refused} not started"] + ([f"{counts['stopped']} stopped"] if counts["stopped"] else [])
+        bar.set_description_str(f"eval {Path(cfg.out).name} ({', '.join(cut)}: time budget)")
+
     def play(spec: EpisodeSpec, slot: EnvSlot) -> Any:
         env = slot.env_for(spec.entry)
         if isinstance(env, FaultyEnv):
@@ -590,9 +598,7 @@ def _run(
     def record(spec: EpisodeSpec, result: Any) -> None:
         if spec.episode_id in budget.stopped and result.summary.status == "errored":  # cut: runs again next time
             counts["stopped"] += 1
-            if bar is not None:
-                bar.total -= 1
-                bar.refresh()
+            leave_out()
             return
         append_trace(out / TRACES, result.trace)
         append_jsonl(out / RESULTS, [result.summary.to_dict()])
@@ -611,9 +617,7 @@ def _run(
     def admit(spec: EpisodeSpec) -> bool:
         if budget.admit(spec):
             return True
-        if bar is not None:  # the bar ends at what the budget let start
-            bar.total -= 1
-            bar.set_description_str(f"eval {Path(cfg.out).name} ({budget.refused} not started: time budget)")
+        leave_out()
         return False
 
     left = budget.seconds_left()
