@@ -35,7 +35,8 @@ a fresh process of its own, one after the other, so its peak resident memory (ru
 tokenization and training) is its own. Over the steps after --warmup it counts, from the batches each
 trainer's own collator made: supervised actions (one per trained assistant message: a run of labelled
 tokens), supervised tokens, non-padding and padded tokens, wall seconds and process CPU seconds (all threads,
-time.process_time). Reported: supervised actions per CPU-second (the comparison the issue asks for),
+time.process_time), and the positions the half's loss runs the LM head at (`head_positions`, `head_at`: TRL at
+every position of its batch). Reported: supervised actions per CPU-second (the comparison the issue asks for),
 non-padding tokens per wall second, padding efficiency, peak RSS. The halves draw batches in their own
 orders, so they train on different windows of the same data; the per-action and per-token rates normalise
 for that, though not for what a window's length does to its cost. With --same-windows every half trains one
@@ -125,14 +126,23 @@ class BatchCount:
     padded_tokens: int
     actions: int
     supervised_tokens: int
-    head_positions: int  # where simplan's default loss runs the LM head: rows x the union of labelled positions
+    head_positions: int  # positions the half's loss runs the LM head at (`HEAD_AT`)
+
+
+# Where a half's loss runs the LM head: simplan's default at the union of the batch's labelled positions in every
+# row, its chunked loss at each row's own labelled tokens, TRL (and simplan without completion-only logits) at
+# every position of the batch.
+HEAD_AT = ("union", "labelled", "every")
 
 
 class CountingCollator:
     """Wraps a trainer's collator and records what each batch it makes holds."""
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: Any, head_at: str) -> None:
+        if head_at not in HEAD_AT:
+            raise ValueError(f"head_at={head_at!r}: one of {HEAD_AT}")
         self.inner = inner
+        self.head_at = head_at
         self.batches: list[BatchCount] = []
 
     def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
@@ -142,7 +152,8 @@ class CountingCollator:
         actions, supervised = supervision(batch["labels"])
         real = int(mask.sum()) if mask is not None else ids.numel()  # padding-free rows have no padding
         union = int((batch["labels"][:, 1:] != IGNORE_INDEX).any(dim=0).sum())
-        self.batches.append(BatchCount(real, ids.numel(), actions, supervised, ids.shape[0] * union))
+        head = {"union": ids.shape[0] * union, "labelled": supervised, "every": ids.numel()}[self.head_at]
+        self.batches.append(BatchCount(real, ids.numel(), actions, supervised, head))
         return batch
 
 
@@ -165,10 +176,10 @@ class StepClock(TrainerCallback):
 # ---------------------------------------------------------------------------------------------
 # The halves: each builds its trainer, then `measure` trains and counts
 # ---------------------------------------------------------------------------------------------
-def measure(trainer: Any, steps: int, warmup: int) -> dict[str, Any]:
+def measure(trainer: Any, steps: int, warmup: int, head_at: str) -> dict[str, Any]:
     clock = StepClock(warmup)
     trainer.add_callback(clock)
-    trainer.data_collator = counter = CountingCollator(trainer.data_collator)
+    trainer.data_collator = counter = CountingCollator(trainer.data_collator, head_at)
     trainer.train()
     per_step = trainer.args.gradient_accumulation_steps  # the collator makes each micro-batch
     batches = [counter.batches[i : i + per_step] for i in range(0, len(counter.batches), per_step)]
@@ -186,6 +197,7 @@ def measure(trainer: Any, steps: int, warmup: int) -> dict[str, Any]:
         "actions": total["actions"],
         "supervised_tokens": total["supervised_tokens"],
         "head_positions": total["head_positions"],
+        "head_at": head_at,
         "real_tokens": total["real_tokens"],
         "padded_tokens": total["padded_tokens"],
         "wall_s": round(wall, 1),
@@ -234,7 +246,8 @@ def run_simplan(args: argparse.Namespace, train_ds: Any, tokenizer: Any, out: Pa
         completion_only_logits=targs.completion_only_logits,
         lm_head_chunk=512 if chunked else targs.lm_head_chunk,
     )
-    return measure(trainer, args.steps, args.warmup)
+    head_at = "labelled" if chunked else "union" if targs.completion_only_logits else "every"
+    return measure(trainer, args.steps, args.warmup, head_at)
 
 
 def trl_dataset(train_ds: Any) -> Any:
@@ -288,7 +301,7 @@ def run_trl(args: argparse.Namespace, train_ds: Any, tokenizer: Any, out: Path, 
     same = list(trainer.train_dataset["labels"]) == list(train_ds["labels"])
     if not same:
         raise AssertionError("TRL's prepared labels differ from simplan's: the halves would not supervise the same")
-    return measure(trainer, args.steps, args.warmup) | {"same_labels_as_simplan": same}
+    return measure(trainer, args.steps, args.warmup, "every") | {"same_labels_as_simplan": same}
 
 
 def run_half(args: argparse.Namespace) -> dict[str, Any]:

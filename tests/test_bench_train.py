@@ -81,6 +81,11 @@ def test_same_windows_times_the_same_work_in_each_trainers_own_order(bench, tmp_
     assert micro["timed_steps"] == 3 and micro["padding_efficiency"] == 1.0
     assert micro["supervised_tokens_per_step"] == ours["supervised_tokens_per_step"]
     assert micro["real_tokens"] == micro["padded_tokens"] == ours["real_tokens"]
+    # the LM head: TRL at every position of its padded batches, simplan at the union of labelled positions
+    # (one row per micro-batch: that row's own labelled tokens)
+    assert (trl["head_at"], ours["head_at"]) == ("every", "union")
+    assert trl["head_positions"] == trl["padded_tokens"] > ours["head_positions"]
+    assert sum(micro["supervised_tokens_per_step"]) <= micro["head_positions"] <= ours["head_positions"]
     with pytest.raises(SystemExit):
         bench.parse(["--same-windows", "--warmup", "1"])
 
