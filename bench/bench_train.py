@@ -23,7 +23,8 @@ same token ids and that same supervision:
   is turned off on both sides (the recipes do not checkpoint).
 - `simplan` is `simplan train`'s trainer (batches grouped by length, padded, LM head at labelled positions only)
   on batches of --batch-size rows; `simplan-micro1` the same in micro-batches of one row accumulated to
-  --batch-size, as the CPU recipes train (the same optimizer step, no padding); `simplan-chunked` the same with
+  --batch-size, as the CPU recipes train (the same optimizer step, no padding); `simplan-compiled` that under
+  `torch.compile` (inductor; the first steps compile, so time it with --warmup); `simplan-chunked` is `simplan` with
   `--lm_head_chunk 512` (the LM head on each row's own labelled tokens, where the default runs it at the union
   of the batch's labelled positions in every row); `simplan-packed` is its `--batching packed` (one row, no
   padding).
@@ -62,7 +63,7 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
-HALVES = ("simplan", "simplan-micro1", "simplan-chunked", "simplan-packed", "trl-pf", "trl")
+HALVES = ("simplan", "simplan-micro1", "simplan-compiled", "simplan-chunked", "simplan-packed", "trl-pf", "trl")
 IGNORE_INDEX = -100  # training/examples.py's; repeated so that counting needs no simplan import
 
 
@@ -219,7 +220,10 @@ def run_simplan(args: argparse.Namespace, train_ds: Any, tokenizer: Any, out: Pa
     from simplan.training.lora import load_model_for_training
     from simplan.training.trainer import training_arguments
 
-    packed, chunked, micro1 = (args.half == f"simplan-{variant}" for variant in ("packed", "chunked", "micro1"))
+    packed, chunked, micro1, compiled = (
+        args.half == f"simplan-{variant}" for variant in ("packed", "chunked", "micro1", "compiled")
+    )
+    micro1 = micro1 or compiled
     targs = TrainArguments(
         output_dir=str(out),
         max_steps=args.steps,
@@ -237,9 +241,12 @@ def run_simplan(args: argparse.Namespace, train_ds: Any, tokenizer: Any, out: Pa
     model, _ = load_model_for_training(
         ModelArguments(model=args.model, dtype=args.dtype), LoraArguments(lora_r=16, lora_alpha=32), args.bf16
     )
+    training_args = training_arguments(targs, args.bf16, False)
+    if compiled:  # the Trainer hands these to accelerate's dynamo plugin when it makes its accelerator
+        training_args.torch_compile, training_args.torch_compile_backend = True, "inductor"
     trainer = SimplanTrainer(
         model=model,
-        args=training_arguments(targs, args.bf16, False),
+        args=training_args,
         train_dataset=train_ds,
         data_collator=PackingCollator() if packed else PaddingCollator(tokenizer.pad_token_id),
         processing_class=tokenizer,
