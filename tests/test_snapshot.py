@@ -263,3 +263,35 @@ def test_the_end_event_records_what_the_real_steps_told():
         facts = None
 
     assert end(NoFacts()).belief is None
+
+
+def test_a_ban_by_belief_holds_in_the_same_place_under_another_description():
+    """pivot_rules.ban_where: an action banned in a toy room before `inventory` (another text, the same room and
+    valid actions) is still banned after it when bans are kept by the belief, not when they are kept by the
+    observation; an env without facts keeps them by the observation either way."""
+    from simplan.inference.planning.episode_run import EpisodeRun, state_key
+
+    env = ToyEnv()
+    task = env.tasks("dev")[0]
+    first = env.reset(task)
+    inventory = Action.command("inventory")
+    after = env.step(inventory).observation
+    assert after.text != first.text and after.valid_actions == first.valid_actions
+    state = EpisodeState.start(
+        first.goal, first.text, None, first.valid_actions, facts=env_facts(env, None, first.text, False)
+    )
+    state.step("inventory", after.text, False, after.valid_actions, facts=env_facts(env, inventory, after.text, False))
+    east = Action.command("go east")
+    engine = ScriptedEngine(lambda req, user: "look", lambda req, user: "", lambda req, t: [0.0] * len(req.candidates))
+    for where, kept in (("observation", False), ("belief", True)):
+        cfg = PlannerConfig.from_dict({"arm": "simplan", "pivot_rules": {"ban_where": where}})
+        run = EpisodeRun(task, cfg.budgets, None, None, after, first.goal, state=state, ban_where=where)
+        run.ban(east, run.place(first, upto=-1))  # banned in the state before the last step
+        allowed = Planner(engine, env, cfg)._allowed(run)
+        assert ("go east" not in allowed) is kept, where
+        assert set(allowed) | {"go east"} == set(after.valid_actions)
+    bare = EpisodeState.start(first.goal, first.text, None, first.valid_actions)  # no facts recorded
+    run = EpisodeRun(task, cfg.budgets, None, None, after, first.goal, state=bare, ban_where="belief")
+    assert run.place(first) == state_key(first) != run.place(after) == state_key(after)
+    with pytest.raises(ValueError, match="ban_where: 'room' is not one of observation, belief"):
+        PlannerConfig.from_dict({"pivot_rules": {"ban_where": "room"}})

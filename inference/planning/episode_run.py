@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from simplan.core.text import normalize
 from simplan.data.episode import EpisodeState
 from simplan.envs.base import Action, Observation, Task
+from simplan.envs.subgoals import describe_belief
 from simplan.inference.engines.base import MeteredEngine
 from simplan.inference.planning.judge import JudgeMemory
 from simplan.inference.planning.pivots import StepRecord
@@ -107,7 +108,8 @@ class EpisodeRun:
     records: list[StepRecord] = field(default_factory=list)
     embeddings: dict[str, list[float]] = field(default_factory=dict)  # text -> vector (mismatch by `embedding`)
     failures: list[str] = field(default_factory=list)
-    bans: dict[str, set[str]] = field(default_factory=dict)  # real state key -> banned action keys
+    bans: dict[str, set[str]] = field(default_factory=dict)  # real state key (`place`) -> banned action keys
+    ban_where: str = "observation"  # what a ban's state key reads (PivotConfig.ban_where)
     seen_valid: list[str] = field(default_factory=list)  # valid actions seen so far, first-seen order
     state: EpisodeState | None = None  # the conversation so far (conversation format; data/episode.py)
     memory: JudgeMemory = field(default_factory=JudgeMemory)
@@ -139,10 +141,20 @@ class EpisodeRun:
         """The score of the real state before the last real step (0.0 before the second step)."""
         return self.records[-2].score if len(self.records) > 1 else 0.0
 
-    def ban(self, action: Action, *states: Observation) -> None:
-        """Ban `action` in each of the real states `states` (by state_key: the same place under another description
-        gets its own key)."""
-        for key in {state_key(obs) for obs in states}:
+    def place(self, obs: Observation, upto: int | None = None) -> str:
+        """The key bans are kept under for the real state `obs`. By default `state_key`: its text and valid actions
+        (the same place under another description gets its own key). With `ban_where` "belief", where the env
+        declares facts: what the facts of the turns before `upto` (all: None) tell and the valid actions, so a ban
+        holds wherever the agent is back in that place (on TWX after `read map` or `look around` too)."""
+        if self.ban_where == "belief" and self.state is not None:
+            known = describe_belief(self.state.belief(upto))
+            if known:
+                return digest_key("belief", known, list(obs.valid_actions or []))
+        return state_key(obs)
+
+    def ban(self, action: Action, *places: str) -> None:
+        """Ban `action` in each of the real states keyed `places` (`place`)."""
+        for key in set(places):
             self.bans.setdefault(key, set()).add(action.key())
 
 

@@ -46,6 +46,7 @@ from simplan.envs.subgoals import Fact, fact_differences
 from simplan.inference.engines.base import cosine
 from simplan.inference.planning.trace_events import SEVERITIES, PivotEvent
 
+BAN_WHERE = ("observation", "belief")  # PivotConfig.ban_where: what a ban's state key reads
 METHODS = (*SIMILARITIES, "embedding")  # the mismatch rule's similarities: core/text.py's and the engine's
 
 
@@ -461,6 +462,15 @@ class PivotConfig:
             f"any of {', '.join(BACKTRACK_RULES)}; [] = never"
         ),
     )
+    ban_where: str = field(
+        default="observation",
+        metadata=_help(
+            "where a ban holds (an action banned after a pivot is not proposed there again): 'observation' the real "
+            "state's text and valid actions; 'belief' what the env's facts told so far (the TWX location, exits and "
+            "inventory) and the valid actions, so the same place under another description (after `read map`) "
+            "keeps its bans; envs without facts: observation"
+        ),
+    )
     max_transient_retries: int = field(
         default=2,
         metadata=_help(
@@ -487,6 +497,8 @@ class PivotConfig:
                 f"pivot_rules.backtrack: {unknown} cannot be backtracked from; use any of "
                 f"{', '.join(BACKTRACK_RULES)} (a failed step changed nothing to undo)"
             )
+        if self.ban_where not in BAN_WHERE:
+            raise ValueError(f"pivot_rules.ban_where: {self.ban_where!r} is not one of {', '.join(BAN_WHERE)}")
         if self.similarity not in METHODS:
             raise ValueError(f"pivot_rules.similarity: {self.similarity!r} is not one of {', '.join(METHODS)}")
 

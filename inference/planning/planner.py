@@ -89,7 +89,6 @@ from simplan.inference.planning.episode_run import (
     EpisodeRun,
     Progress,
     Queued,
-    state_key,
 )
 from simplan.inference.planning.grading import Grading, withhold
 from simplan.inference.planning.imagination import Imagination
@@ -237,6 +236,7 @@ class Planner:
         # The meter stamps the episode id on every request as its session: the engine may reuse its prefixes.
         meter = MeteredEngine(self.engine, session=trace.episode_id)
         ep = EpisodeRun(task, budgets, trace, meter, obs, obs.goal, env_seconds=env_seconds)
+        ep.ban_where = cfg.pivot_rules.ban_where
         if grade is not None:
             ep.withheld = frozenset(grade.withheld)
             trace.add(grade, step=0)
@@ -403,7 +403,7 @@ class Planner:
             # A failed action rarely changes the world, so the state after it is the same place
             # under another description: ban the action under both keys.
             result, before = acted
-            ep.ban(item.action, before, *([ep.obs] if result.observation.error else []))
+            ep.ban(item.action, ep.place(before, upto=-1), *([ep.place(ep.obs)] if result.observation.error else []))
             banned = [render_action(item.action)]
         # The pivot's note for the next decision (the failed step's note is written by _act, in every arm).
         if others := [n for n in names if n != ERROR_RULE]:
@@ -469,7 +469,8 @@ class Planner:
         restored = not result.done and inverse_restores(undo.before, undo.score_before, result)
         banned = []
         if restored:
-            ep.ban(undo.undone, undo.before, ep.obs)  # the same state, perhaps described otherwise
+            # the same state, perhaps described otherwise (the belief before the undone step and its inverse)
+            ep.ban(undo.undone, ep.place(undo.before, upto=-2), ep.place(ep.obs))
             banned = [render_action(undo.undone)]
         ep.trace.add(
             BacktrackEvent(
@@ -641,7 +642,7 @@ class Planner:
         valid = ep.obs.valid_actions
         if not valid:
             return None
-        banned = ep.bans.get(state_key(ep.obs), set())
+        banned = ep.bans.get(ep.place(ep.obs), set())
         allowed = [a for a in valid if action_key_of_text(self.env, a) not in banned]
         return allowed or list(valid)
 
