@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from types import SimpleNamespace
 
+import pytest
+
 from simplan.scripts import cli
 
 
@@ -14,6 +16,20 @@ def test_wait_policy_spins_briefly_on_free_cores_and_sleeps_beside_other_jobs() 
     assert cli.openmp_settings("eval", idle=None, cores=2) == {"OMP_WAIT_POLICY": "PASSIVE"}  # no /proc/stat
     assert cli.openmp_settings("build", idle=2.0, cores=2) == {"OMP_WAIT_POLICY": "PASSIVE"}  # runs no model
     assert cli.openmp_settings("serve", idle=2.0, cores=2) == {}  # vLLM's server keeps the runtime's defaults
+
+
+def test_idle_cores_leave_the_hypervisors_steal_time_out() -> None:
+    """A core the VM ran idle 70 ticks while the host stole 30 is idle (1.0), not 0.7: steal is no job here, and
+    a busy core is busy whatever was stolen; guest times (already in user) are not counted twice."""
+    from simplan.core.cpu import idle_between
+
+    #                  user nice system idle iowait irq softirq steal guest guest_nice
+    before = "cpu  0 0 0 0 0 0 0 0 0 0\ncpu0 100 0 0 500 0 0 0 10 0 0\ncpu1 200 0 0 400 0 0 0 0 5 0\n"
+    after = "cpu  0 0 0 0 0 0 0 0 0 0\ncpu0 100 0 0 570 0 0 0 40 0 0\ncpu1 290 0 10 400 0 0 0 30 95 0\n"
+    assert idle_between(before, after, {"cpu0", "cpu1"}) == pytest.approx(1.0)
+    assert idle_between(before, after, {"cpu0"}) == pytest.approx(1.0)
+    assert idle_between(before, after, {"cpu1"}) == pytest.approx(0.0)
+    assert cli.openmp_settings("eval", idle=idle_between(before, after, {"cpu0"}) * 2, cores=2) == cli.SPIN_SHORT
 
 
 def test_the_users_wait_policy_wins() -> None:
