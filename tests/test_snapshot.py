@@ -295,3 +295,38 @@ def test_a_ban_by_belief_holds_in_the_same_place_under_another_description():
     assert run.place(first) == state_key(first) != run.place(after) == state_key(after)
     with pytest.raises(ValueError, match="ban_where: 'room' is not one of observation, belief"):
         PlannerConfig.from_dict({"pivot_rules": {"ban_where": "room"}})
+
+
+def test_imagined_steps_carry_the_facts_of_their_predictions(monkeypatch):
+    """Inside a rollout a predicted observation is a step of the branched state with the env's facts of it, as a
+    real step's: a window's snapshot reads imagined steps as it reads real ones; the real state gets none."""
+    from simplan.inference.engines.scripted import toy_expert_action
+
+    env = ToyEnv()
+    imagined: list[tuple[str, list]] = []
+    real = EpisodeState.step
+
+    def spy(self, action, observation, error=False, *args, **kwargs):
+        if kwargs.get("imagined"):
+            imagined.append((observation, list(kwargs.get("facts", ()))))
+        return real(self, action, observation, error, *args, **kwargs)
+
+    monkeypatch.setattr(EpisodeState, "step", spy)
+    engine = ScriptedEngine(
+        lambda req, user: toy_expert_action(env),
+        lambda req, user: "You are in room 3 of 5.",
+        lambda req, t: [0.0] * len(req.candidates),
+    )
+    cfg = PlannerConfig.from_dict(
+        {
+            "arm": "simplan-always",
+            "k": 1,
+            "horizon": 2,
+            "raise_errors": True,
+            "budgets": {"max_steps": 3},
+            "prompts": {"format": "conversation"},
+        }
+    )
+    Planner(engine, env, cfg).run(env.tasks("dev")[3])
+    assert imagined and all(o == "You are in room 3 of 5." for o, _ in imagined)
+    assert all(facts == [Fact("location", "", {"room": "3"})] for _, facts in imagined), imagined

@@ -44,6 +44,7 @@ from simplan.data.format import (
 from simplan.data.outcomes import OUTCOMES
 from simplan.envs.actions import argument_problem, call_regex, render_action
 from simplan.envs.base import Action, ActionParseError, action_key_of_text, env_extra
+from simplan.envs.subgoals import env_facts
 from simplan.inference.engines.base import GenerationRequest, GenerationResult
 from simplan.inference.planning.episode_run import EpisodeRun, Queued, digest_key
 from simplan.inference.planning.judge import Outcome, is_finish
@@ -507,8 +508,8 @@ class Imagination:
         PromptState fitted to the token budget (of the simulator prompt when `action` is given)."""
         if self.planner.prompts.conversation:
             state = ep.state.branch() if imagined else ep.state
-            for a, o, e in imagined:
-                state.step(render_action(a), o, error=e, imagined=True)
+            for a, o, e in imagined:  # with their facts, as a real step's: a window's snapshot reads them the same
+                state.step(render_action(a), o, error=e, imagined=True, facts=env_facts(self.planner.env, a, o, e))
             return state
         state = state_from_steps(
             ep.goal,
