@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import shlex
+import time
 from pathlib import Path
 
 import pytest
@@ -288,9 +289,13 @@ def test_collect_eval_and_report_stages_call_the_library(tmp_path, capsys) -> No
         eval={"episodes": 2, "progress": False},
         engine={"engine": "expert"},
         title="toy expert",
+        max_minutes=30,
     )
     pipeline = pl.Pipeline(cfg)
+    pipeline.started = time.perf_counter() - 60.0 * 40  # the run's budget is spent: the eval gets its least
+    capsys.readouterr()
     assert pipeline.stage("eval").run() == "2 episodes"
+    assert "eval: time budget 1 min (the run's max_minutes 30: 0.0 min left" in capsys.readouterr().out
     assert pl.arm_success(out / "eval") == [pl.ArmSuccess("reactive", 2, 2)]
     html = pipeline.stage("report").run()
     assert html == str(out / "report" / "report.html") and "toy expert" in Path(html).read_text()
@@ -378,3 +383,28 @@ def test_an_eval_whose_episodes_errored_fails_and_a_rerun_retries_them(tmp_path,
     assert "eval: 2 episode(s) run" in captured.out and "(0 already done, 0 errored) of 2" in captured.out
     assert (out / ".stages" / "eval.json").exists() and fake_stages[-1] == "report"
     assert "eval success by arm: reactive 2/2 (100%)" in captured.out
+
+
+def test_the_runs_max_minutes_shrinks_the_eval_budget_to_what_is_left(capsys) -> None:
+    """max_minutes 10, 4 minutes gone, the report guessed at 1: the eval may take 5 minutes (its own 25 shrinks),
+    a shorter own budget stays, and past the run's budget it still gets EVAL_MINUTES_AT_LEAST; no run budget: as
+    the recipe says."""
+    from simplan.evaluation.runner import EvalConfig
+    from simplan.workflows.time_left import TimeLeft
+
+    def budget(run_minutes: float, gone: float, own: float) -> float:
+        p = pl.Pipeline(pl.PipelineConfig(out="unused", max_minutes=run_minutes))
+        p.started, p.ahead = time.perf_counter() - 60.0 * gone, ["eval", "report"]
+        p.clock = TimeLeft({}, {"report": 60.0})
+        return p.within_budget("eval", EvalConfig(max_minutes=own)).max_minutes
+
+    assert budget(10, 4, 25) == pytest.approx(5.0, abs=0.1)
+    assert (
+        "eval: time budget 5 min (the run's max_minutes 10: 5.0 min left after the 1.0 min" in capsys.readouterr().out
+    )
+    assert budget(10, 4, 0) == pytest.approx(5.0, abs=0.1)  # no budget of its own: the run's
+    assert budget(10, 4, 3) == 3  # its own is shorter
+    assert budget(10, 20, 25) == pl.EVAL_MINUTES_AT_LEAST
+    assert budget(0, 20, 25) == 25
+    with pytest.raises(ValueError, match="max_minutes: must be >= 0"):
+        pl.PipelineConfig(max_minutes=-1)

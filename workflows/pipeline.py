@@ -48,7 +48,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +98,7 @@ STAGES = (
 )
 # Errors a stage raises for a cause the user can fix (a bad value, a missing file, an unknown env, a busy
 # eval folder): reported as one line with the command to rerun. Anything else keeps its traceback.
+EVAL_MINUTES_AT_LEAST = 1.0  # an eval stage's budget under the run's max_minutes: time for its first tasks to start
 USER_ERRORS = (ValueError, FileNotFoundError, ImportError, UnknownEnvError, FolderLockedError)
 
 
@@ -149,9 +150,19 @@ class PipelineConfig:
             "printed before a stage has run in this folder (after that, its measured time is used)"
         ),
     )
+    max_minutes: float = field(
+        default=0.0,
+        metadata=_help(
+            "this run's time budget in minutes (0: none): when the eval stage starts, its own budget "
+            "(eval.max_minutes) shrinks to what is left of this one, less the time left guessed for the stages "
+            "after it (at least EVAL_MINUTES_AT_LEAST); pairs started by then still finish"
+        ),
+    )
 
     def __post_init__(self) -> None:
         check_stage_keys(self, STAGES)
+        if self.max_minutes < 0:
+            raise ValueError(f"max_minutes: must be >= 0 (0: no budget), got {self.max_minutes}")
 
 
 def check_stage_keys(cfg: Any, stages: tuple[str, ...]) -> None:
@@ -210,6 +221,9 @@ class Pipeline:
         self.model_path: str | None = None
         self.records: list[StageRecord] = []
         self.depends: dict[str, list[str]] = {}  # stage -> the stages it reads, as `_expected` built them
+        self.started: float | None = None  # when `run` began (perf_counter), for `max_minutes`
+        self.clock = TimeLeft({}, {})
+        self.ahead: list[str] = []  # the stages `run` still runs
 
     # -- paths ---------------------------------------------------------------------------------
     def data(self, fold: str) -> Path:
@@ -367,11 +381,31 @@ class Pipeline:
             alone,
             eval_stage_config(eval_cfg, engine_cfg),
             [out / "traces.jsonl"],
-            lambda: run_eval(eval_cfg, engine_cfg, alone),
+            lambda: run_eval(self.within_budget(name, eval_cfg), engine_cfg, alone),
             [*depends, "model"],
             clear=[out],
             upgrade=upgrade_eval_stage_config,
         )
+
+    def within_budget(self, name: str, eval_cfg: EvalConfig) -> EvalConfig:
+        """The eval stage `name`'s config under the run's `max_minutes`: its time budget at most what is left of
+        the run's, less the time left guessed for the stages after it (TimeLeft), and at least
+        EVAL_MINUTES_AT_LEAST; unchanged without a run budget or where its own is shorter."""
+        minutes = getattr(self.cfg, "max_minutes", 0.0)
+        if not minutes or self.started is None:
+            return eval_cfg
+        after = self.ahead[self.ahead.index(name) + 1 :] if name in self.ahead else []
+        later = sum(self.clock.guess(s)[0] or 0.0 for s in after) / 60.0
+        left = minutes - (time.perf_counter() - self.started) / 60.0 - later
+        budget = round(max(left, EVAL_MINUTES_AT_LEAST), 1)
+        if eval_cfg.max_minutes and eval_cfg.max_minutes <= budget:
+            return eval_cfg
+        print(
+            f"{name}: time budget {budget:g} min (the run's max_minutes {minutes:g}: {max(left, 0.0):.1f} min left "
+            f"after the {later:.1f} min guessed for the stages after it)",
+            flush=True,
+        )
+        return replace(eval_cfg, max_minutes=budget)
 
     def _fetch_model(self) -> str:
         self.model_path = resolve_base_model(self.cfg.model)
@@ -454,11 +488,11 @@ class Pipeline:
         chosen = cfg.stages or list(self.stage_names)
         plan = list(self.stage_names[: max(self.stage_names.index(s) for s in chosen) + 1])
         estimates = {k: 60.0 * float(v) for k, v in cfg.estimates.items()}
-        clock = TimeLeft(self.markers.measured(self.stage_names), estimates)
-        ahead = self._expected(plan, chosen)
+        clock = self.clock = TimeLeft(self.markers.measured(self.stage_names), estimates)
+        ahead = self.ahead = self._expected(plan, chosen)
         needed = self._needed(chosen)
         self.records = []
-        t_start = time.perf_counter()
+        t_start = self.started = time.perf_counter()
         for i, name in enumerate(plan, start=1):
             banner = f"[{i}/{len(plan)}] {name}"
             try:
