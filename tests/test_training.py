@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("peft")
@@ -506,6 +507,31 @@ def test_two_process_ddp_matches_one_process(tiny: Path, tmp_path: Path) -> None
     assert want.keys() == got.keys()
     for k in want:
         assert torch.allclose(got[k], want[k], atol=1e-5), k
+
+
+def test_processes_2_trains_the_same_step_in_two_processes(tiny: Path, tmp_path: Path, capsys) -> None:
+    """`processes: 2` (what `simplan train --processes 2` and the pipeline's train stage call): train() launches
+    two processes of one thread, each taking 2 of the step's 4 micro-batches, and returns process 0's metrics; the
+    loss and adapter are one process's with the 4 accumulated. A step that cannot be shared evenly is refused."""
+    from safetensors.torch import load_file
+
+    data = tmp_path / "ds"
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(_rows(1))}).save_to_disk(str(data))  # 4 rows
+    kw = dict(max_steps=1, eval_steps=0, save_steps=1, per_device_train_batch_size=1, gradient_accumulation_steps=4)
+    one = train(*_args(tiny, data, tmp_path / "one", **kw, num_threads=1))
+    two = train(*_args(tiny, data, tmp_path / "two", **kw, num_threads=2, processes=2))
+    assert "train: 2 processes of 1 thread(s)" in capsys.readouterr().out
+    share = yaml.safe_load((tmp_path / "two" / "processes.yaml").read_text())
+    assert (share["gradient_accumulation_steps"], share["num_threads"], share["processes"]) == (2, 1, 1)
+    assert two.metrics["global_step"] == 1 and two.adapter_dir == tmp_path / "two" / "adapter"
+    assert two.metrics["train_loss"] == pytest.approx(one.metrics["train_loss"], rel=1e-4)
+    want = load_file(str(one.adapter_dir / "adapter_model.safetensors"))
+    got = load_file(str(two.adapter_dir / "adapter_model.safetensors"))
+    assert want.keys() == got.keys()
+    for k in want:
+        assert torch.allclose(got[k], want[k], atol=1e-5), k
+    with pytest.raises(ValueError, match="gradient_accumulation_steps: 3 .* a multiple of processes"):
+        TrainArguments(gradient_accumulation_steps=3, processes=2)
 
 
 def _logged_steps(out: Path) -> tuple[list[int], list[int]]:

@@ -250,7 +250,16 @@ class TimeLimitCallback(TrainerCallback):
         self.started = time.perf_counter()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self.seconds and time.perf_counter() - self.started >= self.seconds and not control.should_training_stop:
+        if not self.seconds:
+            return
+        over = time.perf_counter() - self.started >= self.seconds
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            # every process stops at the same step (one that went on alone would wait forever for the others):
+            # process 0's clock decides
+            flag = torch.tensor([int(over)])
+            torch.distributed.broadcast(flag, src=0)
+            over = bool(flag.item())
+        if over and not control.should_training_stop:
             control.should_training_stop = True
             control.should_save = True
             self.stopped_at = state.global_step

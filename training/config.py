@@ -176,6 +176,15 @@ class TrainArguments:
     num_threads: int = field(
         default=0, metadata={"help": "torch CPU threads (0: leave torch's default); set it to the cores you own"}
     )
+    processes: int = field(
+        default=1,
+        metadata={
+            "help": "data-parallel training processes on this machine (torchrun, gloo on the CPU): each takes "
+            "gradient_accumulation_steps / processes micro-batches of every step and num_threads / processes "
+            "threads, so the optimizer steps are the same; on a 2-core CPU 2 processes of 1 thread trained 1.39x "
+            'faster than 1 of 2 (bench/RESULTS.md "Training throughput")'
+        },
+    )
     dataloader_num_workers: int = field(default=0, metadata={"help": "data loader worker processes"})
     resume: bool = field(
         default=True,
@@ -215,3 +224,10 @@ class TrainArguments:
         _check(self.logging_steps > 0, "logging_steps", self.logging_steps, "a positive integer")
         _check(self.num_threads >= 0, "num_threads", self.num_threads, ">= 0")
         _check(self.dataloader_num_workers >= 0, "dataloader_num_workers", self.dataloader_num_workers, ">= 0")
+        _check(self.processes >= 1, "processes", self.processes, "a positive integer")
+        _check(
+            self.gradient_accumulation_steps % self.processes == 0,
+            "gradient_accumulation_steps",
+            self.gradient_accumulation_steps,
+            f"a multiple of processes ({self.processes}): each process takes an equal share of every step",
+        )

@@ -61,6 +61,7 @@ from simplan.training.examples import (
 )
 from simplan.training.lora import load_model_for_training, read_lora_init, save_adapter, use_bf16
 from simplan.training.packing import BranchCollator
+from simplan.training.processes import launched, train_in_processes
 
 
 def report_to(train_args: TrainArguments) -> list[str]:
@@ -126,7 +127,13 @@ class TrainResult:
 def train(
     model_args: ModelArguments, lora_args: LoraArguments, data_args: DataArguments, train_args: TrainArguments
 ) -> TrainResult:
-    """Train a LoRA adapter; rerunning with the same output_dir resumes from its last checkpoint."""
+    """Train a LoRA adapter; rerunning with the same output_dir resumes from its last checkpoint. With
+    `train_args.processes` > 1 the training runs in that many processes (training/processes.py)."""
+    if train_args.processes > 1 and not launched():
+        out = Path(train_args.output_dir)
+        arguments = {k: v for c in (model_args, lora_args, data_args, train_args) for k, v in vars(c).items()}
+        metrics = train_in_processes(arguments, out, train_args.processes)
+        return TrainResult(output_dir=out, adapter_dir=out / "adapter", metrics=metrics)
     with mmap_threshold(train_args.malloc_mmap_threshold):
         return _train(model_args, lora_args, data_args, train_args)
 
