@@ -205,32 +205,30 @@ def test_build_with_a_snapshot_needs_recorded_facts(tmp_path, tok):
         BuildConfig(inputs=["x.jsonl"], out="ds", role="decider", snapshot=True, format="step")
 
 
+def _expert_predicting(env: ToyEnv, prediction: str, **config):
+    """Dev task 3 of the toy env run by simplan-always (k 1) with the toy expert as the decider and a simulator that
+    predicts `prediction` for every step; `config`: the other PlannerConfig keys."""
+    from simplan.inference.engines.scripted import toy_expert_action
+
+    engine = ScriptedEngine(
+        lambda req, user: toy_expert_action(env),
+        lambda req, user: prediction,
+        lambda req, t: [0.0] * len(req.candidates),
+    )
+    cfg = PlannerConfig.from_dict({"arm": "simplan-always", "k": 1, "raise_errors": True, **config})
+    return Planner(engine, env, cfg).run(env.tasks("dev")[3])
+
+
 def test_fact_mismatch_needs_facts_only_not_sub_goals():
     """The toy env declares facts and no sub-goals: a simulator that predicts the wrong room fires fact_mismatch
     (on), and nothing of the kind with the rule off."""
-    from simplan.inference.engines.scripted import toy_expert_action
     from simplan.inference.planning.trace import PivotEvent, event_from_dict
 
-    def run(on: bool) -> list:
-        env = ToyEnv()
-
-        def wrong_room(req, user):  # every step predicted to end in room 1
-            return "You are in room 1 of 5."
-
-        engine = ScriptedEngine(
-            lambda req, user: toy_expert_action(env), wrong_room, lambda req, t: [0.0] * len(req.candidates)
+    def run(on: bool) -> list:  # every step predicted to end in room 1
+        rules = {"fact_mismatch": on}
+        result = _expert_predicting(
+            ToyEnv(), "You are in room 1 of 5.", horizon=1, budgets={"max_steps": 12}, pivot_rules=rules
         )
-        cfg = PlannerConfig.from_dict(
-            {
-                "arm": "simplan-always",
-                "k": 1,
-                "horizon": 1,
-                "raise_errors": True,
-                "budgets": {"max_steps": 12},
-                "pivot_rules": {"fact_mismatch": on},
-            }
-        )
-        result = Planner(engine, env, cfg).run(env.tasks("dev")[3])
         events = [event_from_dict(e) for e in result.trace.to_dicts()]
         return [e for e in events if isinstance(e, PivotEvent) and e.rule == "fact_mismatch"]
 
@@ -300,8 +298,6 @@ def test_a_ban_by_belief_holds_in_the_same_place_under_another_description():
 def test_imagined_steps_carry_the_facts_of_their_predictions(monkeypatch):
     """Inside a rollout a predicted observation is a step of the branched state with the env's facts of it, as a
     real step's: a window's snapshot reads imagined steps as it reads real ones; the real state gets none."""
-    from simplan.inference.engines.scripted import toy_expert_action
-
     env = ToyEnv()
     imagined: list[tuple[str, list]] = []
     real = EpisodeState.step
@@ -312,21 +308,7 @@ def test_imagined_steps_carry_the_facts_of_their_predictions(monkeypatch):
         return real(self, action, observation, error, *args, **kwargs)
 
     monkeypatch.setattr(EpisodeState, "step", spy)
-    engine = ScriptedEngine(
-        lambda req, user: toy_expert_action(env),
-        lambda req, user: "You are in room 3 of 5.",
-        lambda req, t: [0.0] * len(req.candidates),
-    )
-    cfg = PlannerConfig.from_dict(
-        {
-            "arm": "simplan-always",
-            "k": 1,
-            "horizon": 2,
-            "raise_errors": True,
-            "budgets": {"max_steps": 3},
-            "prompts": {"format": "conversation"},
-        }
-    )
-    Planner(engine, env, cfg).run(env.tasks("dev")[3])
+    settings = {"budgets": {"max_steps": 3}, "prompts": {"format": "conversation"}}
+    _expert_predicting(env, "You are in room 3 of 5.", horizon=2, **settings)
     assert imagined and all(o == "You are in room 3 of 5." for o, _ in imagined)
     assert all(facts == [Fact("location", "", {"room": "3"})] for _, facts in imagined), imagined

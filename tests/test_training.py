@@ -454,18 +454,17 @@ def test_packed_batches_with_gradient_checkpointing_train(tiny: Path, dataset_di
 def test_two_process_ddp_matches_one_process(tiny: Path, tmp_path: Path) -> None:
     """torchrun with 2 CPU processes (gloo) trains the same step as one process on the whole batch:
     the loss is a token mean over both processes' examples, and one adapter is written."""
-    import socket
     import subprocess
     import sys
 
     from safetensors.torch import load_file
 
+    from simplan.training.processes import free_port
+
     data = tmp_path / "ds"
     datasets.DatasetDict({"train": datasets.Dataset.from_list(_rows(1))}).save_to_disk(str(data))  # 4 rows
     one = train(*_args(tiny, data, tmp_path / "one", max_steps=1, eval_steps=0, save_steps=1))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     flags = {
         "model": tiny,
         "dataset": data,

@@ -131,11 +131,17 @@ def train(
     `train_args.processes` > 1 the training runs in that many processes (training/processes.py)."""
     if train_args.processes > 1 and not launched():
         out = Path(train_args.output_dir)
-        arguments = {k: v for c in (model_args, lora_args, data_args, train_args) for k, v in vars(c).items()}
-        metrics = train_in_processes(arguments, out, train_args.processes)
+        metrics = train_in_processes(
+            run_arguments(model_args, lora_args, data_args, train_args), out, train_args.processes
+        )
         return TrainResult(output_dir=out, adapter_dir=out / "adapter", metrics=metrics)
     with mmap_threshold(train_args.malloc_mmap_threshold):
         return _train(model_args, lora_args, data_args, train_args)
+
+
+def run_arguments(*configs: Any) -> dict[str, Any]:
+    """The run's arguments as one flat mapping, as a recipe writes them (config.yaml, processes.yaml)."""
+    return {k: v for c in configs for k, v in vars(c).items()}
 
 
 def _train(
@@ -146,7 +152,7 @@ def _train(
     out = Path(train_args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     bf16 = use_bf16(train_args)
-    arguments = {k: v for c in (model_args, lora_args, data_args, train_args) for k, v in vars(c).items()}
+    arguments = run_arguments(model_args, lora_args, data_args, train_args)
     checkpoint = last_checkpoint(out) if train_args.resume else None
     if checkpoint:
         check_resumable(out, arguments)
