@@ -42,8 +42,12 @@ non-padding tokens per wall second, padding efficiency, peak RSS. The halves dra
 orders, so they train on different windows of the same data; the per-action and per-token rates normalise
 for that, though not for what a window's length does to its cost. With --same-windows every half trains one
 epoch over the same seeded sample of --steps x --batch-size rows and times every step (--warmup 0): both sides
-then do exactly the same supervised actions, in their own batch orders. Prints a Markdown table and writes JSON
-with --out.
+then do exactly the same supervised actions, in their own batch orders.
+
+A half named NAME-Np (`simplan-micro1-2p`, `trl-pf-2p`) runs NAME in N data-parallel processes under torchrun
+(gloo on the CPU; `--processes N` in the recipes), each with 1/N of every step's rows and of --threads: its counts,
+CPU seconds and peak RSS are the processes' sums, its wall time the slowest one's. Prints a Markdown table and
+writes JSON with --out.
 """
 
 from __future__ import annotations
@@ -186,29 +190,50 @@ def measure(trainer: Any, steps: int, warmup: int, head_at: str) -> dict[str, An
     batches = [counter.batches[i : i + per_step] for i in range(0, len(counter.batches), per_step)]
     timed = [b for step in batches[warmup:steps] for b in step]
     total = {k: sum(getattr(b, k) for b in timed) for k in asdict(timed[0])}
-    wall = clock.end[0] - clock.start[0]
-    cpu = clock.end[1] - clock.start[1]
-    losses = [r["loss"] for r in trainer.state.log_history if "loss" in r]
-    return {
-        "actions_per_cpu_s": round(total["actions"] / cpu, 3),
-        "actions_per_s": round(total["actions"] / wall, 3),
-        "tokens_per_s": round(total["real_tokens"] / wall, 1),
-        "tokens_per_cpu_s": round(total["real_tokens"] / cpu, 1),
-        "padding_efficiency": round(total["real_tokens"] / max(total["padded_tokens"], 1), 3),
-        "actions": total["actions"],
-        "supervised_tokens": total["supervised_tokens"],
-        "head_positions": total["head_positions"],
-        "head_at": head_at,
-        "real_tokens": total["real_tokens"],
-        "padded_tokens": total["padded_tokens"],
+    losses = [r["loss"] for r in trainer.state.log_history if "loss" in r]  # in N processes: their mean
+    return with_rates(
+        total
+        | {
+            "head_at": head_at,
+            "wall_s": clock.end[0] - clock.start[0],
+            "cpu_s": clock.end[1] - clock.start[1],
+            "timed_steps": len(batches[warmup:steps]),
+            "supervised_tokens_per_step": [sum(b.supervised_tokens for b in step) for step in batches[:steps]],
+            "first_loss": round(losses[0], 4) if losses else None,
+            "final_loss": round(losses[-1], 4) if losses else None,
+        }
+    )
+
+
+def with_rates(counts: dict[str, Any]) -> dict[str, Any]:
+    """The rates of a half's counts over its timed steps (wall and CPU seconds, summed over its processes' CPU)."""
+    actions, tokens, wall, cpu = counts["actions"], counts["real_tokens"], counts["wall_s"], counts["cpu_s"]
+    return counts | {
+        "actions_per_cpu_s": round(actions / cpu, 3),
+        "actions_per_s": round(actions / wall, 3),
+        "tokens_per_s": round(tokens / wall, 1),
+        "tokens_per_cpu_s": round(tokens / cpu, 1),
+        "padding_efficiency": round(tokens / max(counts["padded_tokens"], 1), 3),
         "wall_s": round(wall, 1),
         "cpu_s": round(cpu, 1),
         "cpu_per_wall": round(cpu / wall, 2),
-        "timed_steps": len(batches[warmup:steps]),
-        "supervised_tokens_per_step": [sum(b.supervised_tokens for b in step) for step in batches[:steps]],
-        "first_loss": round(losses[0], 4) if losses else None,
-        "final_loss": round(losses[-1], 4) if losses else None,
     }
+
+
+SUMMED = ("actions", "supervised_tokens", "head_positions", "real_tokens", "padded_tokens", "cpu_s", "peak_rss_mb")
+
+
+def merged(ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """One half's result from its data-parallel processes' own: their batches, CPU time and resident memory
+    summed, the wall time the slowest one's, the losses process 0's (the Trainer logs the processes' mean)."""
+    first = ranks[0]
+    counts = {k: sum(r[k] for r in ranks) for k in SUMMED} | {"wall_s": max(r["wall_s"] for r in ranks)}
+    per_step = [sum(step) for step in zip(*(r["supervised_tokens_per_step"] for r in ranks), strict=True)]
+    result = first | counts | {"supervised_tokens_per_step": per_step, "processes": len(ranks)}
+    result["peak_rss_mb_per_process"] = [r["peak_rss_mb"] for r in ranks]
+    if "same_labels_as_simplan" in first:
+        result["same_labels_as_simplan"] = all(r["same_labels_as_simplan"] for r in ranks)
+    return with_rates(result)
 
 
 def run_simplan(args: argparse.Namespace, train_ds: Any, tokenizer: Any, out: Path) -> dict[str, Any]:
@@ -224,11 +249,12 @@ def run_simplan(args: argparse.Namespace, train_ds: Any, tokenizer: Any, out: Pa
         args.half == f"simplan-{variant}" for variant in ("packed", "chunked", "micro1", "compiled")
     )
     micro1 = micro1 or compiled
+    rows = args.batch_size // args.processes  # this process's share of each step
     targs = TrainArguments(
         output_dir=str(out),
         max_steps=args.steps,
-        per_device_train_batch_size=1 if micro1 else args.batch_size,
-        gradient_accumulation_steps=args.batch_size if micro1 else 1,
+        per_device_train_batch_size=1 if micro1 else rows,
+        gradient_accumulation_steps=rows if micro1 else 1,
         bf16=str(args.bf16).lower(),
         batching="packed" if packed else "group_by_length",
         logging_steps=1,
@@ -287,7 +313,7 @@ def run_trl(args: argparse.Namespace, train_ds: Any, tokenizer: Any, out: Path, 
     config = SFTConfig(
         output_dir=str(out),
         max_steps=args.steps,
-        per_device_train_batch_size=args.batch_size,
+        per_device_train_batch_size=args.batch_size // args.processes,
         learning_rate=2e-4,
         bf16=args.bf16,
         use_cpu=not torch.cuda.is_available(),
@@ -317,7 +343,7 @@ def run_half(args: argparse.Namespace) -> dict[str, Any]:
 
     from simplan.models.registry import load_tokenizer
 
-    torch.set_num_threads(args.threads)
+    torch.set_num_threads(max(1, args.threads // args.processes))
     transformers.logging.set_verbosity_error()
     tokenizer = load_tokenizer(args.model)
     train_ds, data = load_train(args.dataset, tokenizer, args.max_length)
@@ -342,8 +368,30 @@ def run_half(args: argparse.Namespace) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------
 # Entry point: each half in a fresh process, one after the other; one table
 # ---------------------------------------------------------------------------------------------
-def _child_argv(args: argparse.Namespace, half: str, dataset: str, result: Path) -> list[str]:
-    argv = [sys.executable, str(Path(__file__).resolve()), "--half", half, "--result", str(result)]
+def half_processes(half: str) -> tuple[str, int]:
+    """A half's trainer and its data-parallel processes: `trl-pf-2p` is `trl-pf` in 2 processes."""
+    name, _, count = half.rpartition("-")
+    if name in HALVES and count[:-1].isdigit() and count.endswith("p") and int(count[:-1]) >= 1:
+        return name, int(count[:-1])
+    return half, 1
+
+
+def run_child(args: argparse.Namespace, half: str, dataset: str, result: Path) -> dict[str, Any]:
+    """One half in fresh processes (torchrun's for more than one), its result read back."""
+    from simplan.training.processes import free_port, process_environment, torchrun_command
+
+    name, processes = half_processes(half)
+    script = [str(Path(__file__).resolve()), *_child_argv(args, name, processes, dataset, result)]
+    env = process_environment(max(1, args.threads // processes)) | {"TOKENIZERS_PARALLELISM": "false"}
+    command = [sys.executable, *script] if processes == 1 else torchrun_command(processes, free_port(), script)
+    subprocess.run(command, check=True, env=env)
+    if processes == 1:
+        return json.loads(result.read_text())
+    return merged([json.loads(Path(f"{result}.rank{rank}").read_text()) for rank in range(processes)])
+
+
+def _child_argv(args: argparse.Namespace, half: str, processes: int, dataset: str, result: Path) -> list[str]:
+    argv = ["--half", half, "--processes", str(processes), "--result", str(result)]
     argv += ["--dataset", dataset, "--model", args.model, "--steps", str(args.steps), "--warmup", str(args.warmup)]
     argv += ["--batch-size", str(args.batch_size), "--max-length", str(args.max_length), "--dtype", args.dtype]
     argv += ["--bf16", str(args.bf16), "--threads", str(args.threads), "--seed", str(args.seed)]
@@ -373,7 +421,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--model", default="smollm2-135m-instruct", help="registry name or HF folder")
     p.add_argument("--dataset", default="", help="conversation dataset from `simplan build` (default: toy-env one)")
     p.add_argument("--role", default="decider", choices=["decider", "simulator"], help="role of the toy dataset")
-    p.add_argument("--halves", default="simplan,trl-pf,trl", help=f"comma-separated, from {','.join(HALVES)}")
+    p.add_argument(
+        "--halves",
+        default="simplan,trl-pf,trl",
+        help=f"comma-separated, from {','.join(HALVES)}; NAME-Np runs NAME in N data-parallel processes (torchrun, "
+        "gloo on the CPU) that share each step's rows and --threads",
+    )
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--warmup", type=int, default=2, help="steps not timed")
     p.add_argument("--batch-size", type=int, default=4, help="rows per step (the CPU recipes' 4)")
@@ -397,10 +450,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", default="", help="write the results as JSON here")
     p.add_argument("--half", default="", choices=["", *HALVES], help=argparse.SUPPRESS)  # one half, in a child
     p.add_argument("--result", default="", help=argparse.SUPPRESS)
+    p.add_argument("--processes", type=int, default=1, help=argparse.SUPPRESS)  # the child's half's processes
     args = p.parse_args(argv)
     halves = [h for h in args.halves.split(",") if h]
-    if bad := [h for h in halves if h not in HALVES]:
-        p.error(f"--halves: {bad} not among {list(HALVES)}")
+    if bad := [h for h in halves if half_processes(h)[0] not in HALVES]:
+        p.error(f"--halves: {bad} not among {list(HALVES)} (or one of them with -Np)")
+    if uneven := [h for h in halves if args.batch_size % half_processes(h)[1]]:
+        p.error(f"--halves {uneven}: --batch-size {args.batch_size} does not split evenly into their processes")
     if args.steps <= args.warmup:
         p.error(f"--steps {args.steps} must be more than --warmup {args.warmup}")
     if args.same_windows and args.warmup:
@@ -418,17 +474,15 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     if args.half:
-        Path(args.result).write_text(json.dumps(run_half(args)))
+        rank = os.environ.get("RANK")  # one of torchrun's processes: each writes its own counts
+        Path(args.result if rank is None else f"{args.result}.rank{rank}").write_text(json.dumps(run_half(args)))
         return 0
     with tempfile.TemporaryDirectory() as tmp:
         tmp_path = Path(tmp)
         dataset = args.dataset or str(synthetic_dataset(tmp_path / "synthetic", args.model, args.role))
         results = {}
         for half in args.halves:
-            result = tmp_path / f"{half}.json"
-            env = os.environ | {"OMP_NUM_THREADS": str(args.threads), "TOKENIZERS_PARALLELISM": "false"}
-            subprocess.run(_child_argv(args, half, dataset, result), check=True, env=env)
-            results[half] = json.loads(result.read_text())
+            results[half] = run_child(args, half, dataset, tmp_path / f"{half}.json")
     baseline = next((h for h in ("trl-pf", "trl") if h in results), args.halves[0])
     print(
         f"\nmodel {args.model}, data {args.dataset or 'toy-env ' + args.role + ' conversations'}, batch "

@@ -90,6 +90,32 @@ def test_same_windows_times_the_same_work_in_each_trainers_own_order(bench, tmp_
         bench.parse(["--same-windows", "--warmup", "1"])
 
 
+def test_a_half_in_two_processes_times_the_same_work_summed_over_them(bench, tmp_path: Path) -> None:
+    """`simplan-micro1-2p`: the recipes' trainer in two data-parallel processes (torchrun, gloo), each taking one of
+    a step's two rows: over one epoch of the same rows it supervises what one process does, its counts and CPU
+    time summed over the two processes, the first step's loss (LoRA B = 0: the base model's, both processes'
+    mean) the same."""
+    from simplan.models.tiny import tiny_model
+
+    model = str(tiny_model("llama"))
+    dataset = bench.synthetic_dataset(tmp_path / "toy", model)
+    out = tmp_path / "bench.json"
+    argv = ["--model", model, "--dataset", str(dataset), "--halves", "simplan-micro1,simplan-micro1-2p"]
+    argv += ["--out", str(out), "--bf16", "false", "--threads", "2", "--steps", "3", "--warmup", "0"]
+    assert bench.main(argv + ["--batch-size", "2", "--same-windows"]) == 0
+    results = json.loads(out.read_text())["results"]
+    one, two = results["simplan-micro1"], results["simplan-micro1-2p"]
+    assert two["processes"] == 2 and len(two["peak_rss_mb_per_process"]) == 2
+    assert two["peak_rss_mb"] == sum(two["peak_rss_mb_per_process"])
+    assert two["timed_steps"] == one["timed_steps"] == 3
+    assert (two["actions"], two["real_tokens"]) == (one["actions"], one["real_tokens"])
+    assert sum(two["supervised_tokens_per_step"]) == sum(one["supervised_tokens_per_step"])
+    assert two["first_loss"] == pytest.approx(one["first_loss"], rel=1e-3)
+    assert bench.half_processes("trl-pf-2p") == ("trl-pf", 2) and bench.half_processes("simplan") == ("simplan", 1)
+    with pytest.raises(SystemExit):  # 4 rows do not split into 3 processes
+        bench.parse(["--halves", "simplan-3p"])
+
+
 def test_a_per_step_dataset_is_refused_naming_the_format(bench, tmp_path: Path) -> None:
     from datasets import Dataset, DatasetDict
 

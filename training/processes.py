@@ -41,20 +41,24 @@ def worker_arguments(arguments: dict[str, Any], processes: int) -> dict[str, Any
     return share
 
 
-def launch_command(config: Path, processes: int, port: int) -> list[str]:
-    """torchrun on this machine's loopback (no dependence on the host name resolving), the processes' config."""
+def torchrun_command(processes: int, port: int, program: list[str]) -> list[str]:
+    """`program` (a module or script and its arguments) in `processes` processes under torchrun on this machine's
+    loopback (no dependence on the host name resolving)."""
     node = ["--nnodes=1", f"--nproc_per_node={processes}", "--master_addr=127.0.0.1", f"--master_port={port}"]
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        *node,
-        "-m",
-        "simplan.scripts.cli",
-        "train",
-        "--config",
-        str(config),
-    ]
+    return [sys.executable, "-m", "torch.distributed.run", *node, *program]
+
+
+def launch_command(config: Path, processes: int, port: int) -> list[str]:
+    """The training processes' command: `simplan train` on the processes' config."""
+    return torchrun_command(processes, port, ["-m", "simplan.scripts.cli", "train", "--config", str(config)])
+
+
+def process_environment(threads: int) -> dict[str, str]:
+    """This environment for processes of `threads` OpenMP threads each, gloo on the loopback interface."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    if Path("/sys/class/net/lo").exists():
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    return env
 
 
 def free_port() -> int:
@@ -72,9 +76,7 @@ def train_in_processes(arguments: dict[str, Any], output_dir: Path, processes: i
     write_text(config, yaml.safe_dump(share, sort_keys=False))
     command = launch_command(config, processes, free_port())
     threads = share.get("num_threads") or 1
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    if Path("/sys/class/net/lo").exists():  # gloo on the loopback interface
-        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    env = process_environment(threads)
     print(f"train: {processes} processes of {threads} thread(s): {' '.join(command)}", flush=True)
     rc = subprocess.run(command, env=env, check=False).returncode
     metrics = output_dir / "metrics.json"
