@@ -178,6 +178,30 @@ def test_each_stage_reports_its_own_peak_memory(tmp_path, fake_stages, monkeypat
     assert float(row[3]) == pytest.approx(peaks["train-decider"] / 1024, abs=0.06)
 
 
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="peak memory is read from Linux /proc")
+def test_a_training_stage_in_processes_adds_their_peaks(tmp_path, fake_stages, monkeypatch, capsys) -> None:
+    """A training run in data-parallel processes holds its memory outside the pipeline's process: the stage's
+    peak is the pipeline's own plus the processes' (metrics.json's peak_rss_mb_per_process, summed)."""
+    fake = pl.Pipeline.stage
+
+    def stage(self: pl.Pipeline, name: str) -> pl.Stage:
+        st = fake(self, name)
+        if name.startswith("train-"):
+            out = tmp_path / name
+            out.mkdir(exist_ok=True)
+            peaks = [1500, 1600] if name == "train-decider" else [1500]  # the simulator trained in-process
+            (out / "metrics.json").write_text(json.dumps({"peak_rss_mb_per_process": peaks}))
+            st.held_elsewhere_mb = lambda: pl.training_processes_mb(out)
+        return st
+
+    monkeypatch.setattr(pl.Pipeline, "stage", stage)
+    assert main(["--out", str(tmp_path / "p")]) == 0
+    peaks = {m.stem: json.loads(m.read_text())["peak_mb"] for m in (tmp_path / "p" / ".stages").glob("*.json")}
+    # the simulator trained in this process: its own peak counted it, nothing is added
+    assert peaks["train-decider"] - peaks["train-simulator"] == pytest.approx(3100, abs=200)
+    assert pl.training_processes_mb(tmp_path / "nowhere") is None
+
+
 def test_no_peak_is_reported_where_it_cannot_be_reset(tmp_path, fake_stages, monkeypatch, capsys) -> None:
     monkeypatch.setattr(pl, "peak_reset", lambda: False)  # VmHWM would be the process's peak, not the stage's
     assert main(["--out", str(tmp_path / "p")]) == 0

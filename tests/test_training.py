@@ -523,6 +523,10 @@ def test_processes_2_trains_the_same_step_in_two_processes(tiny: Path, tmp_path:
     share = yaml.safe_load((tmp_path / "two" / "processes.yaml").read_text())
     assert (share["gradient_accumulation_steps"], share["num_threads"], share["processes"]) == (2, 1, 1)
     assert two.metrics["global_step"] == 1 and two.adapter_dir == tmp_path / "two" / "adapter"
+    # each process's peak resident memory, gathered by process 0 (what the pipeline adds to its stage's own)
+    peaks = two.metrics["peak_rss_mb_per_process"]
+    assert len(peaks) == 2 and all(mb > 0 for mb in peaks)
+    assert len(one.metrics["peak_rss_mb_per_process"]) == 1
     assert two.metrics["train_loss"] == pytest.approx(one.metrics["train_loss"], rel=1e-4)
     want = load_file(str(one.adapter_dir / "adapter_model.safetensors"))
     got = load_file(str(two.adapter_dir / "adapter_model.safetensors"))

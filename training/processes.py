@@ -25,11 +25,25 @@ from typing import Any
 import yaml
 
 from simplan.core.io import write_text
+from simplan.core.memory import rss_mb
 
 
 def launched() -> bool:
     """Whether this process is one of several torchrun started (its WORLD_SIZE)."""
     return int(os.environ.get("WORLD_SIZE", "1") or 1) > 1
+
+
+def peaks_mb() -> list[float | None]:
+    """Each training process's peak resident memory (VmHWM, MB), gathered to every one of them; one process: its
+    own. A stage's memory is their sum (workflows/pipeline.py), since the processes hold theirs at the same time."""
+    own = rss_mb("VmHWM")
+    if not launched():
+        return [own]
+    import torch.distributed as dist
+
+    gathered: list[float | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, own)
+    return gathered
 
 
 def worker_arguments(arguments: dict[str, Any], processes: int) -> dict[str, Any]:

@@ -37,7 +37,8 @@ guess says where it comes from: the time the stage took when it last ran in this
 else the pipeline's `estimates` (minutes per stage, from the recipe), else the time its twin took in
 this run (train-simulator after train-decider, ...). The stages show their own progress bars.
 `Pipeline.summary()` is a table of every stage's status, seconds and peak resident memory (this process's
-VmHWM, reset before each stage), the eval's success by arm and the path of report.html.
+VmHWM, reset before each stage, plus the peaks of a training stage's data-parallel processes), the eval's success
+by arm and the path of report.html.
 
 The parts: workflows/pipeline_stages.py (each stage's record and work), workflows/stage_markers.py (the
 markers), workflows/time_left.py (the time left); this module holds the configuration and runs the stages.
@@ -80,6 +81,7 @@ from simplan.workflows.pipeline_stages import (
     run_eval,
     run_report,
     run_train,
+    training_processes_mb,
     upgrade_eval_stage_config,
 )
 from simplan.workflows.stage_markers import StageMarkers
@@ -193,7 +195,7 @@ class StageRecord:
     status: str  # ran, reused, not selected, failed, interrupted
     seconds: float | None  # this run's for a stage that ran; the run that made them for reused outputs
     result: str = ""
-    peak_mb: float | None = None  # this process's peak resident memory during the stage (Linux), when it ran
+    peak_mb: float | None = None  # peak resident memory during the stage (Linux; _run_stage), when it ran
 
 
 @dataclass
@@ -345,6 +347,7 @@ class Pipeline:
             lambda: run_train(*configs),
             [f"build-{role}", "model"],
             clear=[out],
+            held_elsewhere_mb=lambda: training_processes_mb(out),
         )
 
     def _eval(self) -> Stage:
@@ -537,8 +540,9 @@ class Pipeline:
         return PipelineResult(self.report_html(), list(self.records), arm_success(self.out / "eval"))
 
     def _run_stage(self, st: Stage, digest: str, banner: str, fresh: bool = False) -> tuple[float, str, float | None]:
-        """Run one stage and write its marker; returns its seconds, result and peak resident MB (of this process:
-        the eval's JVMs and training's data workers are not in it). A failure is recorded and raised."""
+        """Run one stage and write its marker; returns its seconds, result and peak resident MB (of this process,
+        plus the peaks of training's data-parallel processes: the eval's JVMs and training's data workers are not
+        in it). A failure is recorded and raised."""
         self.markers.start(st, digest, fresh)
         reset = peak_reset()  # where it cannot be reset, VmHWM is the process's peak so far: not the stage's
         t0 = time.perf_counter()
@@ -562,6 +566,8 @@ class Pipeline:
             raise StageFailed(f"{banner}: finished but its outputs are missing: {', '.join(missing)}")
         seconds = time.perf_counter() - t0
         peak = rss_mb("VmHWM") if reset else None
+        if peak is not None and st.held_elsewhere_mb and (elsewhere := st.held_elsewhere_mb()):
+            peak += elsewhere
         self.markers.write(
             st, digest, round(seconds, 1), self.model_path if st.name == "model" else None, peak_mb=peak
         )

@@ -58,6 +58,9 @@ class Stage:
     # A marker's stored config read in today's keys (a config class's LEGACY_KEYS): a finished stage whose settings
     # are the same under today's keys is reused, not run again (None: the stage's config has no other spelling).
     upgrade: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    # The peak resident MB its work held in processes of its own (training's data-parallel processes, which hold
+    # theirs at the same time), read once it ran: the summary adds it to this process's peak. None: none such.
+    held_elsewhere_mb: Callable[[], float | None] | None = None
 
 
 @dataclass
@@ -156,7 +159,20 @@ def run_train(
 
     metrics = train(model_args, lora_args, data_args, train_args).metrics
     losses = [f"{k} {metrics[k]:.3f}" for k in ("train_loss", "eval_loss") if isinstance(metrics.get(k), float)]
-    return ", ".join([f"{metrics['global_step']} steps", *losses])
+    processes = [f"{train_args.processes} processes"] if train_args.processes > 1 else []
+    return ", ".join([f"{metrics['global_step']} steps", *losses, *processes])
+
+
+def training_processes_mb(output_dir: Path) -> float | None:
+    """The summed peak resident MB of a run's training processes (metrics.json), where it ran in several; None
+    where it ran in this one (this process's own peak counts it) or recorded none."""
+    try:
+        peaks = json.loads((output_dir / "metrics.json").read_text()).get("peak_rss_mb_per_process") or []
+    except (OSError, ValueError):
+        return None
+    if len(peaks) < 2 or None in peaks:
+        return None
+    return float(sum(peaks))
 
 
 def engine_info(cfg: EngineConfig) -> dict[str, str]:
