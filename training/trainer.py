@@ -61,7 +61,7 @@ from simplan.training.examples import (
 )
 from simplan.training.lora import load_model_for_training, read_lora_init, save_adapter, use_bf16
 from simplan.training.packing import BranchCollator
-from simplan.training.processes import launched, train_in_processes
+from simplan.training.processes import launched, peaks_mb, train_in_processes
 
 
 def report_to(train_args: TrainArguments) -> list[str]:
@@ -95,6 +95,10 @@ def training_arguments(train_args: TrainArguments, bf16: bool, has_eval: bool) -
         use_cpu=not torch.cuda.is_available(),
         gradient_checkpointing=train_args.gradient_checkpointing,
         gradient_checkpointing_kwargs={"use_reentrant": False},
+        # In data-parallel processes: every LoRA weight takes part in each forward, so DDP need not walk the
+        # autograd graph after each backward for unused ones (transformers' default without checkpointing); a
+        # weight left out would fail the step loudly, not silently.
+        ddp_find_unused_parameters=False,
         train_sampling_strategy="group_by_length" if train_args.batching == "group_by_length" else "random",
         length_column_name="length",
         eval_strategy=eval_strategy,
@@ -289,6 +293,7 @@ def _run_metrics(
             "bf16": bf16,
             "eos_matches_chat_template": eos_ok,
             "model": model_path,
+            "peak_rss_mb_per_process": [None if mb is None else round(mb) for mb in peaks_mb()],
         }
     )
     return metrics
