@@ -455,16 +455,14 @@ def test_two_process_ddp_matches_one_process(tiny: Path, tmp_path: Path) -> None
     """torchrun with 2 CPU processes (gloo) trains the same step as one process on the whole batch:
     the loss is a token mean over both processes' examples, and one adapter is written."""
     import subprocess
-    import sys
 
     from safetensors.torch import load_file
 
-    from simplan.training.processes import free_port
+    from simplan.training.processes import free_port, process_environment, torchrun_command
 
     data = tmp_path / "ds"
     datasets.DatasetDict({"train": datasets.Dataset.from_list(_rows(1))}).save_to_disk(str(data))  # 4 rows
     one = train(*_args(tiny, data, tmp_path / "one", max_steps=1, eval_steps=0, save_steps=1))
-    port = free_port()
     flags = {
         "model": tiny,
         "dataset": data,
@@ -486,13 +484,9 @@ def test_two_process_ddp_matches_one_process(tiny: Path, tmp_path: Path) -> None
         "seed": 0,
         "num_threads": 1,
     }
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1"]
-    cmd += ["--master_port", str(port), "-m", "simplan.scripts.cli", "train"]
-    cmd += [x for k, v in flags.items() for x in (f"--{k}", str(v))]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    if Path("/sys/class/net/lo").exists():  # gloo on loopback: no dependence on the host name resolving
-        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    program = ["-m", "simplan.scripts.cli", "train", *(x for k, v in flags.items() for x in (f"--{k}", str(v)))]
+    cmd = torchrun_command(2, free_port(), program)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=process_environment(1))
     assert proc.returncode == 0, proc.stderr[-3000:]
 
     def first_loss(out: Path) -> float:
