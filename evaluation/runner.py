@@ -15,9 +15,10 @@ repair of the logs and the finished episodes, evaluation/episode_threads.py the 
 How it runs:
 - Episodes of all arms run at once in `concurrency` threads, task-major (the arms of one task side
   by side), sharing one `BatchingEngine` (inference/engines/batching.py): their model calls merge into
-  batched engine calls. Each thread slot owns its env instances, created on first use and reused
-  (one JVM per slot for TextWorld-Express / ScienceWorld), wrapped by the suite's fault injection
-  (evaluation/faults.py) when it has any.
+  batched engine calls. With engine lanes (inference/engines/lanes.py: the engine in N processes, `lanes`),
+  each episode runs on the lane with the fewest episodes and its calls merge with that lane's. Each thread
+  slot owns its env instances, created on first use and reused (one JVM per slot for TextWorld-Express /
+  ScienceWorld), wrapped by the suite's fault injection (evaluation/faults.py) when it has any.
 - Episode ids are "{suite}/{env}/{task_id}/{arm}/{repeat}". Each finished episode is appended in
   one write to `out/traces.jsonl` (its whole trace, inference/planning/trace.py) and then to
   `out/results.jsonl` (its `EpisodeSummary`). Re-running the same command resumes: an episode
@@ -61,7 +62,7 @@ from simplan.evaluation.folder_lock import lock_folder
 from simplan.evaluation.resume import RESULTS, TRACES, finished_traces, sync_results
 from simplan.evaluation.suites import StepCap, Suite, SuiteEntry, entry_tasks_with_caps, load_suite
 from simplan.inference.engines.base import Engine, EnvBoundEngine
-from simplan.inference.engines.batching import BatchingEngine
+from simplan.inference.engines.batching import batcher_for
 from simplan.inference.planning.arms import ARM_PRESETS
 from simplan.inference.planning.config import PlannerConfig
 from simplan.inference.planning.trace import append_trace
@@ -564,7 +565,7 @@ def _run(
     started = time.perf_counter()
     # A model-free engine (expert, random) has no model calls to merge, and binds itself to each episode's env.
     batching = cfg.batching and not isinstance(engine, EnvBoundEngine)  # no model calls to merge
-    batcher = BatchingEngine(engine, window=cfg.batch_window_ms / 1000.0) if batching else None
+    batcher = batcher_for(engine, cfg.batch_window_ms / 1000.0) if batching else None
     shared: Any = batcher if batcher is not None else engine
     count_tokens = locked_token_counter(engine)
     all_slots = [first_slot] + [EnvSlot() for _ in range(min(concurrency, max(1, len(todo))) - 1)]

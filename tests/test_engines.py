@@ -557,3 +557,44 @@ def test_concurrent_episodes_on_one_hf_engine_match_sequential_runs(tiny, tmp_pa
         engine.close()
     assert runs[1] == runs[4]
     assert any(e["type"] == "imagine" and e["horizon"] > 0 for events in runs[1].values() for e in events)
+
+
+def test_an_eval_on_engine_lanes_matches_one_engine(tiny, tmp_path):
+    """Two engine lanes (inference/engines/lanes.py, built as `simplan eval --lanes 2` builds them) play the same
+    episodes as one engine: the same actions and imagined texts, the episodes spread over both lanes."""
+    from simplan.evaluation.runner import EvalConfig, evaluate
+    from simplan.inference.engines import EngineConfig, engine_from_config, engine_lanes
+    from simplan.inference.engines.config import HFOptions
+
+    base, adapters = tiny
+    named = ",".join(f"{k}={v}" for k, v in adapters.items())
+    runs, batches = {}, {}
+    for lanes in (2, 1):
+        ecfg = EngineConfig(
+            model=base,
+            adapters=named,
+            dtype="float32",
+            threads=2,
+            lanes=lanes,
+            merge_adapters=False,
+            hf=HFOptions(batch_size=8),
+        )
+        engine = engine_from_config(ecfg, concurrent=True)
+        assert engine_lanes(engine) == lanes
+        cfg = EvalConfig(
+            suite="toy-dev",
+            arms=["reactive", "simplan"],
+            episodes=4,
+            max_steps=6,
+            out=str(tmp_path / f"lanes{lanes}"),
+            progress=False,
+            planner={"sampling": {"simulator_max_tokens": 12, "decider_max_tokens": 8}},
+        )
+        try:
+            outcome = evaluate(cfg, engine, concurrency=4)
+        finally:
+            engine.close()
+        assert outcome.ran == 8 and outcome.errored == 0
+        runs[lanes], batches[lanes] = _episode_events(outcome.out), outcome.batch
+    assert runs[2] == runs[1]
+    assert batches[2]["lanes"] == 2 and min(batches[2]["lane_calls"]) > 0

@@ -360,7 +360,7 @@ def test_errored_episodes_fail_the_command_and_a_rerun_retries_only_them(tmp_pat
     first_task = plan_episodes(resolve_suite(cfg), cfg.arms, 1)[0].fault_key.rsplit("/", 1)[0]
     broken = {f"{first_task}/reactive/0", f"{first_task}/plan/0"}
     engine = crashing_engine(broken)
-    monkeypatch.setattr(eval_script, "engine_from_config", lambda _: engine)
+    monkeypatch.setattr(eval_script, "engine_from_config", lambda _, **kw: engine)
     argv = ["--suite", "toy-dev", "--arms", "reactive,plan", "--episodes", "2", "--out", cfg.out]
     argv += ["--progress", "false", "--planner", "{max_history: 50}", "--concurrency", "1"]
 
@@ -403,7 +403,7 @@ def test_an_interrupted_eval_says_the_same_command_resumes(tmp_path, monkeypatch
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(eval_script, "engine_from_config", lambda _: Engine())
+    monkeypatch.setattr(eval_script, "engine_from_config", lambda _, **kw: Engine())
     monkeypatch.setattr(eval_script, "is_merged", lambda _: False)
     monkeypatch.setattr(eval_script, "evaluate", interrupted)
     out = str(tmp_path / "run")

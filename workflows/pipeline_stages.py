@@ -213,12 +213,12 @@ def run_eval(eval_cfg: EvalConfig, engine_cfg: EngineConfig, alone: str = "") ->
     """The eval stage; `alone`: the `simplan eval` command that runs it by itself (a budget cut points to it)."""
     from simplan.evaluation.folder_lock import check_unlocked
     from simplan.evaluation.runner import budget_message, errored_message, evaluate
-    from simplan.inference.engines import engine_from_config, is_merged
+    from simplan.inference.engines import engine_from_config, engine_lanes, is_merged
 
     check_unlocked(Path(eval_cfg.out))  # before minutes of engine loading; evaluate() holds the lock
     print(f"eval: loading engine {engine_cfg.engine} {engine_cfg.model}", flush=True)
-    engine = engine_from_config(engine_cfg)
-    info = {**engine_info(engine_cfg), "merge_adapters": is_merged(engine)}  # as `simplan eval` records it
+    engine = engine_from_config(engine_cfg, concurrent=True)
+    info = {**engine_info(engine_cfg), "merge_adapters": is_merged(engine), "lanes": engine_lanes(engine)}  # as eval
     try:
         outcome = evaluate(eval_cfg, engine, engine_info=info)
     finally:

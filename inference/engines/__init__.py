@@ -5,6 +5,8 @@
     engine = make_engine("vllm", model, adapters, dtype="bfloat16", kv_cache_gib=2)
     engine = make_engine("vllm", model, adapters, merge_adapters=True)   # one merged model per adapter, no LoRA
     engine = engine_from_config(cfg)   # cfg: EngineConfig; merge_adapters "auto" merges on the CPU (resolve_merge)
+    engine = engine_from_config(cfg, concurrent=True)   # an eval: lanes "auto" runs one engine process per core
+                                                        # on a CPU (resolve_lanes, inference/engines/lanes.py)
     engine = make_engine("openai", model, adapters, base_url="http://127.0.0.1:8000/v1")   # simplan serve
 
 Backends import their heavy dependencies lazily, so importing this package is cheap. Measured on
@@ -28,6 +30,7 @@ from simplan.inference.engines.config import (
     EngineConfig,
     check_adapter_folders,
     parse_adapters,
+    resolve_lanes,
     resolve_merge,
 )
 
@@ -90,22 +93,36 @@ def accepted_options(kind: str) -> tuple[str, ...]:
     return (*LOCAL_OPTIONS, *own) if kind in ("hf", "vllm") else own
 
 
-def engine_from_config(cfg: EngineConfig) -> Engine:
-    """make_engine from an EngineConfig (the flags/YAML keys of `simplan run` and `simplan eval`)."""
+def engine_from_config(cfg: EngineConfig, concurrent: bool = False) -> Engine:
+    """make_engine from an EngineConfig (the flags/YAML keys of `simplan run` and `simplan eval`); `concurrent`: the
+    caller runs episodes side by side (an eval), where `lanes: auto` may build engine lanes (resolve_lanes)."""
     values = cfg.options()
     if "merge_adapters" in values:  # hf, vllm: `auto` is decided here, where the platform is known
         choice = resolve_merge(cfg)
         if cfg.adapters:
             print(choice.line(), flush=True)
         values["merge_adapters"] = choice.merge
+    lanes = resolve_lanes(cfg, concurrent) if cfg.engine == "hf" else None
+    if lanes is not None and lanes.lanes > 1:
+        from simplan.inference.engines.lanes import LanedEngine
+
+        print(lanes.line(), flush=True)
+        values["threads"] = lanes.threads
+        check_adapter_folders(parse_adapters(cfg.adapters))  # before any lane starts: the user's error, once
+        return LanedEngine(cfg.engine, cfg.model, parse_adapters(cfg.adapters), lanes.lanes, **values)  # type: ignore[return-value]
     return make_engine(cfg.engine, cfg.model, cfg.adapters, **values)
+
+
+def engine_lanes(engine: Engine) -> int:
+    """How many engine processes serve `engine` (inference/engines/lanes.py; 1: the engine itself)."""
+    return len(getattr(engine, "lanes", None) or ()) or 1
 
 
 def is_merged(engine: Engine) -> bool:
     """Whether `engine` serves its adapters from merged copies of the base (what an eval records of it)."""
     from simplan.inference.engines.merged import MergedEngine
 
-    return isinstance(engine, MergedEngine)
+    return isinstance(engine, MergedEngine) or getattr(engine, "merged", False) is True
 
 
 __all__ = [
@@ -113,8 +130,10 @@ __all__ = [
     "KINDS",
     "accepted_options",
     "engine_from_config",
+    "engine_lanes",
     "is_merged",
     "make_engine",
     "parse_adapters",
+    "resolve_lanes",
     "resolve_merge",
 ]

@@ -4,6 +4,7 @@
     with batching.session():              # in each episode thread, around Planner(...).run(task)
         ...                                # the planner calls batching.generate / batching.score
     print(batching.stats)                  # underlying calls vs episode calls
+    batching = batcher_for(engine, 0.02)   # the same, or the engine's own (engine lanes: one per lane)
 
 The planning loop issues one engine call per decision; alone, a small model on a CPU or a GPU is
 starved by such small batches. `BatchingEngine` implements the engine protocol
@@ -272,3 +273,10 @@ class BatchingEngine:
         if attr == "inner":
             raise AttributeError(attr)
         return getattr(self.inner, attr)
+
+
+def batcher_for(engine: Engine, window: float = 0.02) -> Any:
+    """The batcher concurrent episodes share over `engine`: its own where it has one (engine lanes,
+    inference/engines/lanes.py `LanedEngine.batcher`: one BatchingEngine per lane), else one BatchingEngine."""
+    own = getattr(engine, "batcher", None)
+    return own(window) if callable(own) else BatchingEngine(engine, window=window)

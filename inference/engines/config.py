@@ -24,6 +24,8 @@ KINDS = ("vllm", "openai", "hf", "expert", "random")
 MODEL_FREE_KINDS = ("expert", "random")
 # merge_adapters: "auto" decides by platform when the engine is built (resolve_merge); true/false are kept as bools.
 MERGE_AUTO = "auto"
+# lanes: "auto" decides by platform and command when the engine is built (resolve_lanes).
+LANES_AUTO = "auto"
 # vLLM accepts only these LoRA ranks for --max-lora-rank (vllm/config/lora.py).
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
@@ -141,6 +143,14 @@ class EngineConfig:
     threads: int | None = field(
         default=None, metadata=_help("hf/vllm: CPU threads for the model (None: all cores minus vllm.reserved_cpus)")
     )
+    lanes: int | str = field(
+        default=LANES_AUTO,
+        metadata=_help(
+            "hf: engine processes serving an eval's episodes side by side, each with its own copy of the model and "
+            "its share of `threads`: auto (on a CPU one per core, at most 4, for commands that run episodes "
+            "concurrently; 1 on a GPU and for other backends) or a number (1: the engine in this process)"
+        ),
+    )
     merge_adapters: bool | str = field(
         default=MERGE_AUTO,
         metadata=_help(
@@ -171,6 +181,12 @@ class EngineConfig:
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads: must be >= 1, got {self.threads}")
         parse_adapters(self.adapters)
+        self.lanes = parse_lanes(self.lanes)
+        if self.lanes not in (LANES_AUTO, 1) and self.engine != "hf":
+            raise ValueError(
+                f"lanes: {self.lanes} engine processes need engine hf (vllm and an openai server schedule their own "
+                "batches); give lanes 1 or auto"
+            )
         self.merge_adapters = parse_merge(self.merge_adapters)
         if self.merge_adapters is True and self.engine == "openai":
             raise ValueError(
@@ -185,6 +201,63 @@ class EngineConfig:
         if self.engine in ("hf", "vllm"):
             out.update(dtype=self.dtype, threads=self.threads, merge_adapters=self.merge_adapters)
         return out
+
+
+def parse_lanes(value: int | str) -> int | str:
+    """`lanes` as a recipe or flag gives it -> "auto" or a number >= 1."""
+    if isinstance(value, str) and value.strip().lower() == LANES_AUTO:
+        return LANES_AUTO
+    try:
+        lanes = int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"lanes: {value!r} is not auto or a number of engine processes") from None
+    if lanes < 1 or lanes != float(value):
+        raise ValueError(f"lanes: must be auto or a whole number >= 1, got {value!r}")
+    return lanes
+
+
+@dataclass(frozen=True)
+class LaneChoice:
+    """How many engine processes serve the episodes and how many threads each gets (`lanes`, `threads`), and why."""
+
+    lanes: int
+    threads: int | None  # per lane (None: the backend's default)
+    reason: str
+
+    def line(self) -> str:
+        each = f"{self.threads} thread{'s' if self.threads != 1 else ''} each" if self.threads else "all threads"
+        return f"engine: {self.lanes} engine lanes of {each} ({self.reason})"
+
+
+def resolve_lanes(cfg: EngineConfig, concurrent: bool, cores: int | None = None) -> LaneChoice:
+    """How many lanes (inference/engines/lanes.py) serve `cfg`'s engine; `concurrent`: the command runs episodes
+    side by side (an eval), `cores`: this process's usable cores (default: its CPU affinity).
+
+    `auto` builds one lane per core, at most MAX_AUTO_LANES, for an hf engine on the CPU serving concurrent
+    episodes: on 2 cores two one-thread engines served an eval 1.64x faster than one two-thread engine, the same
+    outcomes (bench/RESULTS.md "Evaluation profile and thread settings"). A GPU, vLLM (its own scheduler), an
+    openai server and a single episode keep one engine in this process. `threads` (None: every core) is split
+    among the lanes.
+    """
+    from simplan.inference.engines.lanes import MAX_AUTO_LANES
+
+    cores = cores if cores is not None else len(os.sched_getaffinity(0))
+    total = cfg.threads or cores
+    if cfg.lanes != LANES_AUTO:
+        lanes = int(cfg.lanes)
+        if lanes == 1:
+            return LaneChoice(1, cfg.threads, "lanes: 1")
+        return LaneChoice(lanes, max(1, total // lanes), f"lanes: {lanes}")
+    if not concurrent:
+        return LaneChoice(1, cfg.threads, "auto: one episode at a time")
+    if cfg.engine != "hf":
+        return LaneChoice(1, cfg.threads, f"auto: engine {cfg.engine}")
+    if not runs_on_cpu(cfg):
+        return LaneChoice(1, cfg.threads, f"auto: device {cfg.hf.device}, not the CPU")
+    lanes = min(total, cores, MAX_AUTO_LANES)
+    if lanes < 2:
+        return LaneChoice(1, cfg.threads, f"auto: {total} thread{'s' if total != 1 else ''}")
+    return LaneChoice(lanes, max(1, total // lanes), f"auto: CPU, {total} threads")
 
 
 def parse_merge(value: bool | str) -> bool | str:

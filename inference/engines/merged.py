@@ -25,11 +25,14 @@ merges only when asked. Merges go to $SIMPLAN_MERGE_CACHE, else `merged/` in sim
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import os
 import shutil
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -97,14 +100,6 @@ def merged_model(base_path: str, adapter_dir: str, cache: str | Path | None = No
     The merge runs in float32 (so LoRA's small deltas are not rounded away twice) and is saved in the
     base's own dtype, written atomically (readers never see a half-written folder).
     """
-    import torch
-    from peft import PeftModel
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from simplan.core.io import atomic_dir, write_json
-    from simplan.data.episode import SETTINGS_FILE  # the adapter's prompt layout, copied alongside
-    from simplan.models.registry import load_tokenizer
-
     adapter = Path(adapter_dir)
     if not (adapter / "adapter_config.json").exists():
         raise FileNotFoundError(
@@ -113,6 +108,35 @@ def merged_model(base_path: str, adapter_dir: str, cache: str | Path | None = No
     out = merged_folder(base_path, adapter_dir, cache)
     if (out / MANIFEST).exists():
         return out
+    with merge_lock(out):  # engine lanes (lanes.py) start side by side: one merges, the others wait and reuse it
+        if not (out / MANIFEST).exists():
+            _merge(base_path, adapter, out)
+    return out
+
+
+@contextlib.contextmanager
+def merge_lock(out: Path) -> Iterator[None]:
+    """Hold an exclusive flock beside `out` while it is merged (blocking): two processes merging the same adapter
+    at once would replace each other's folder under a reader. The OS drops it when its process dies."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.with_name(f".{out.name}.lock"), "a") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def _merge(base_path: str, adapter: Path, out: Path) -> None:
+    """Merge `adapter` into `base_path` in float32 and save it in the base's dtype to `out`, atomically."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from simplan.core.io import atomic_dir, write_json
+    from simplan.data.episode import SETTINGS_FILE  # the adapter's prompt layout, copied alongside
+    from simplan.models.registry import load_tokenizer
+
     config = AutoConfig.from_pretrained(base_path)
     save_dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
     if isinstance(save_dtype, str):
@@ -126,7 +150,6 @@ def merged_model(base_path: str, adapter_dir: str, cache: str | Path | None = No
             shutil.copy2(adapter / SETTINGS_FILE, tmp / SETTINGS_FILE)
         provenance = {"base": str(base_path), "adapter": str(adapter.resolve()), "dtype": str(save_dtype)}
         write_json(tmp / MANIFEST, provenance)
-    return out
 
 
 class MergedEngine:
