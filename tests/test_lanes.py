@@ -157,6 +157,44 @@ def test_the_batcher_keeps_each_episode_on_one_lane_and_spreads_episodes_evenly(
     batcher.close()
 
 
+def test_an_episode_moves_when_its_lane_holds_two_more_than_another_and_keeps_its_cancel() -> None:
+    """The last episodes of an eval sharing one lane while the other idles: one moves at its next call."""
+    engine = _fake_laned(2)
+    batcher = LaneBatcher(engine, window=0.0)  # type: ignore[arg-type]
+    handles, lanes, errors = {}, {}, {}
+    joined, go = {n: threading.Event() for n in "abc"}, {n: threading.Event() for n in "abc"}
+
+    def episode(name: str) -> None:
+        with batcher.session() as handle:
+            handles[name], lanes[name] = handle, [handle.lane]
+            joined[name].set()
+            go[name].wait()
+            if name == "b":
+                return  # b's episode ends
+            try:
+                text = batcher.generate([GenerationRequest(messages=MESSAGES[0])])[0].completions[0].text
+                lanes[name].append(int(text.split()[-1]))
+            except Cancelled as e:
+                errors[name] = str(e)
+            lanes[name].append(handle.lane)
+
+    threads = {n: threading.Thread(target=episode, args=(n,)) for n in "abc"}
+    for n in "abc":  # a on lane 0, b on lane 1, c on lane 0
+        threads[n].start()
+        joined[n].wait()
+    go["b"].set()
+    threads["b"].join()  # lane 0 holds a and c, lane 1 none
+    handles["c"].cancel("budget")
+    go["c"].set()
+    threads["c"].join()
+    go["a"].set()
+    threads["a"].join()
+    assert lanes == {"a": [0, 0, 0], "b": [1], "c": [0, 1]}  # c moved (a then had lane 0 to itself)
+    assert errors == {"c": "budget"}  # cancelled before the move, still after it
+    assert batcher.moves == 1 and batcher.stats.to_dict()["moves"] == 1
+    batcher.close()
+
+
 def test_new_episodes_go_to_lanes_still_alive_and_cancel_reaches_every_lane() -> None:
     engine = _fake_laned(2)
     engine.lanes[0].lane.dead = "engine lane 0: gone"

@@ -15,14 +15,15 @@ __init__.py) builds lanes where `EngineConfig.lanes` resolves to more than one (
 per core, at most MAX_AUTO_LANES, for an hf engine on a CPU serving concurrent episodes).
 
 Each lane is a new Python process that builds the backend with `make_engine` and serves the engine protocol over a
-pipe: requests and results are the protocol's dataclasses, pickled. A lane holds its own copy of the model (and
+socket: requests and results are the protocol's dataclasses, pickled. A lane holds its own copy of the model (and
 of each merged adapter), its own prefix cache, and one `BatchingEngine` in the eval process (`LaneBatcher`), so
 the queue of episodes, the time budget, Ctrl-C and the one traces file stay the eval's, as with one engine. An
-episode stays on its lane for its whole run (its prefix cache is there); ended sessions are freed in every lane
-with the next call. Lanes ignore SIGINT: the eval decides what a Ctrl-C stops. An exception raised in a lane is
-raised again in the caller with its own type (NotImplementedError for a constraint the backend cannot honour, so
-the planner's fallbacks work); a lane that dies (e.g. killed for memory) fails its calls with `LaneDied`, naming
-its exit code, and new episodes go to the lanes still alive.
+episode stays on its lane (its prefix cache is there) unless its lane holds two episodes more than another (the
+last episodes of an eval): then it moves. Ended sessions are freed in every lane with the next call. Lanes
+ignore SIGINT: the eval decides what a Ctrl-C stops. An exception raised in a lane is raised again in the caller
+with its own type and the lane's traceback as a note (NotImplementedError for a constraint the backend cannot
+honour, so the planner's fallbacks work); a lane that dies (e.g. killed for memory) fails its calls with
+`LaneDied`, naming its exit code, and new episodes go to the lanes still alive.
 """
 
 from __future__ import annotations
@@ -323,10 +324,47 @@ class LanedEngine:
             lane.close()
 
 
+class LaneSession:
+    """One episode's membership of a LaneBatcher (what `session()` yields): its lane, its session in that lane's
+    BatchingEngine, and `cancel(reason)`, which reaches it on whichever lane it is."""
+
+    def __init__(self, batcher: LaneBatcher) -> None:
+        self._batcher = batcher
+        self.lane = -1
+        self.cancelled: str | None = None
+        self._context: Any = None  # the lane BatchingEngine's session() context, entered
+        self._handle: BatchSession | None = None
+
+    def join(self, lane: int) -> None:
+        """Enter `lane`'s batcher (leaving the lane it was on); a cancelled episode stays cancelled there."""
+        self.leave()
+        self.lane = lane
+        self._context = self._batcher.batchers[lane].session()
+        handle = self._context.__enter__()
+        with self._batcher._lock:  # a cancel from another thread (the time budget) sees this handle or sets this
+            self._handle, cancelled = handle, self.cancelled
+        if cancelled is not None:
+            handle.cancel(cancelled)
+
+    def leave(self) -> None:
+        if self._context is not None:
+            context, self._context, self._handle = self._context, None, None
+            context.__exit__(None, None, None)
+
+    def cancel(self, reason: str) -> None:
+        with self._batcher._lock:
+            self.cancelled = reason
+            handle = self._handle
+        if handle is not None:
+            handle.cancel(reason)
+
+
 class LaneBatcher:
     """What evaluation/runner.py uses in place of one BatchingEngine over a LanedEngine: `session()` puts the
-    calling episode on the lane with the fewest episodes (lanes still alive first) for its whole run, and each
-    lane's BatchingEngine merges its own episodes' calls. The BatchingEngine interface (session, cancel, close,
+    calling episode on the lane with the fewest episodes (lanes still alive first), and each lane's BatchingEngine
+    merges its own episodes' calls. An episode stays on its lane (its prefix cache is there) until its lane holds
+    two episodes more than another, as when the last episodes of an eval happen to share a lane: then its next
+    call moves it to the emptier lane (one prefill there). The BatchingEngine interface (session, cancel, close,
     stats, usage) over all lanes."""
 
     def __init__(self, engine: LanedEngine, window: float = 0.02) -> None:
@@ -335,30 +373,52 @@ class LaneBatcher:
         self.adapters = list(engine.adapters)
         self.tokenizer = engine.tokenizer
         self.batchers = [BatchingEngine(lane, window=window) for lane in engine.lanes]
+        self.moves = 0  # episodes moved to an emptier lane
         self._episodes = [0] * len(self.batchers)
         self._lock = threading.Lock()
-        self._local = threading.local()  # .batcher: the calling thread's lane
+        self._local = threading.local()  # .session: the calling thread's LaneSession
+
+    def _alive(self) -> list[int]:
+        return [i for i, lane in enumerate(self.inner.lanes) if lane.lane.dead is None] or list(
+            range(len(self.batchers))
+        )
+
+    def _emptiest(self) -> int:
+        return min(self._alive(), key=lambda j: (self._episodes[j], j))
 
     @contextmanager
-    def session(self) -> Iterator[BatchSession]:
+    def session(self) -> Iterator[LaneSession]:
+        handle = LaneSession(self)
         with self._lock:
-            alive = [i for i, lane in enumerate(self.inner.lanes) if lane.lane.dead is None] or list(
-                range(len(self.batchers))
-            )
-            i = min(alive, key=lambda j: (self._episodes[j], j))
-            self._episodes[i] += 1
-        outer, self._local.batcher = getattr(self._local, "batcher", None), self.batchers[i]
+            lane = self._emptiest()
+            self._episodes[lane] += 1
+        handle.join(lane)
+        outer, self._local.session = getattr(self._local, "session", None), handle
         try:
-            with self.batchers[i].session() as handle:
-                yield handle
+            yield handle
         finally:
-            self._local.batcher = outer
+            self._local.session = outer
+            handle.leave()
             with self._lock:
-                self._episodes[i] -= 1
+                self._episodes[handle.lane] -= 1
 
     def _route(self) -> Any:
-        """The calling episode's lane batcher; a call outside any session goes to the engine's least busy lane."""
-        return getattr(self._local, "batcher", None) or self.inner
+        """The calling episode's lane batcher, after moving the episode if its lane holds two more episodes than
+        another (or is dead); a call outside any session goes to the engine's least busy lane."""
+        handle: LaneSession | None = getattr(self._local, "session", None)
+        if handle is None:
+            return self.inner
+        with self._lock:
+            target = self._emptiest()
+            here = handle.lane
+            move = here not in self._alive() or self._episodes[here] - self._episodes[target] >= 2
+            if move:
+                self._episodes[here] -= 1
+                self._episodes[target] += 1
+                self.moves += 1
+        if move:
+            handle.join(target)
+        return self.batchers[handle.lane]
 
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         return self._route().generate(requests)
@@ -381,7 +441,7 @@ class LaneBatcher:
 
     @property
     def stats(self) -> LaneStats:
-        return LaneStats.over([b.stats for b in self.batchers])
+        return LaneStats.over([b.stats for b in self.batchers], self.moves)
 
     def cancel(self, reason: str) -> None:
         for b in self.batchers:
@@ -404,9 +464,10 @@ class LaneStats(BatchStats):
     calls (how evenly the episodes were spread)."""
 
     lane_calls: list[int] = dataclasses.field(default_factory=list)
+    moves: int = 0  # episodes moved to an emptier lane (LaneBatcher)
 
     @classmethod
-    def over(cls, stats: list[BatchStats]) -> LaneStats:
+    def over(cls, stats: list[BatchStats], moves: int = 0) -> LaneStats:
         return cls(
             underlying_calls=sum(s.underlying_calls for s in stats),
             episode_calls=sum(s.episode_calls for s in stats),
@@ -414,7 +475,8 @@ class LaneStats(BatchStats):
             max_calls_per_batch=max((s.max_calls_per_batch for s in stats), default=0),
             split_retries=sum(s.split_retries for s in stats),
             lane_calls=[s.episode_calls for s in stats],
+            moves=moves,
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {**super().to_dict(), "lanes": len(self.lane_calls), "lane_calls": self.lane_calls}
+        return {**super().to_dict(), "lanes": len(self.lane_calls), "lane_calls": self.lane_calls, "moves": self.moves}
