@@ -464,7 +464,8 @@ def _evaluate_locked(
     left = {s.episode_id for s in todo}
     budget = TimeBudget(cfg.max_minutes, cfg.arms, [s for s in specs if s.episode_id not in left])
     tally = _run(cfg, out, engine, todo, configs, first_slot, concurrency, len(specs), skipped, budget)
-    _record_invocation(out, cfg, concurrency, tally, engine_info, budget)
+    lanes_peak = getattr(engine, "peaks_mb", None)  # engine lanes hold their memory in processes of their own
+    _record_invocation(out, cfg, concurrency, tally, engine_info, budget, lanes_peak() if lanes_peak else None)
     return EvalOutcome(
         out=out,
         planned=len(specs),
@@ -655,6 +656,7 @@ def _record_invocation(
     tally: _Tally,
     engine_info: dict[str, Any],
     budget: TimeBudget,
+    lane_peaks: list[float | None] | None = None,
 ) -> None:
     path = out / "run.json"
     info = json.loads(path.read_text()) if path.exists() else {"invocations": []}
@@ -671,6 +673,7 @@ def _record_invocation(
             "batching": cfg.batching,
             "batch": tally.batch,
             "engine": engine_info,
+            **({"lane_peak_rss_mb": lane_peaks} if lane_peaks else {}),
         }
     )
     info["seconds_total"] = round(sum(i["seconds"] for i in info["invocations"]), 3)

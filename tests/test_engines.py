@@ -11,6 +11,7 @@ for the base model and both adapters in one mixed batch (this catches the CPU mu
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import os
 
@@ -598,3 +599,6 @@ def test_an_eval_on_engine_lanes_matches_one_engine(tiny, tmp_path):
         runs[lanes], batches[lanes] = _episode_events(outcome.out), outcome.batch
     assert runs[2] == runs[1]
     assert batches[2]["lanes"] == 2 and min(batches[2]["lane_calls"]) > 0
+    (invocation,) = json.loads((tmp_path / "lanes2" / "run.json").read_text())["invocations"]
+    assert len(invocation["lane_peak_rss_mb"]) == 2 and min(invocation["lane_peak_rss_mb"]) > 50
+    assert "lane_peak_rss_mb" not in json.loads((tmp_path / "lanes1" / "run.json").read_text())["invocations"][0]

@@ -202,6 +202,18 @@ def test_a_training_stage_in_processes_adds_their_peaks(tmp_path, fake_stages, m
     assert pl.training_processes_mb(tmp_path / "nowhere") is None
 
 
+def test_an_eval_on_engine_lanes_counts_the_lanes_peaks_of_its_last_run(tmp_path) -> None:
+    """run.json's lane_peak_rss_mb (evaluation/runner.py) of the stage's last invocation, summed: the eval stage's
+    held_elsewhere_mb (an engine in the eval's own process: none)."""
+    out = tmp_path / "eval"
+    out.mkdir()
+    runs = [{"lane_peak_rss_mb": [900.0, 950.0]}, {"lane_peak_rss_mb": [1000.0, None, 1100.0]}]
+    (out / "run.json").write_text(json.dumps({"invocations": runs}))
+    assert pl.eval_lanes_mb(out) == 2100.0  # the last run; a lane that died is left out
+    (out / "run.json").write_text(json.dumps({"invocations": [{"engine": {}}]}))
+    assert pl.eval_lanes_mb(out) is None and pl.eval_lanes_mb(tmp_path / "nowhere") is None
+
+
 def test_no_peak_is_reported_where_it_cannot_be_reset(tmp_path, fake_stages, monkeypatch, capsys) -> None:
     monkeypatch.setattr(pl, "peak_reset", lambda: False)  # VmHWM would be the process's peak, not the stage's
     assert main(["--out", str(tmp_path / "p")]) == 0

@@ -71,6 +71,7 @@ from simplan.workflows.pipeline_stages import (
     arm_success,
     changed_fields,
     command_line,
+    eval_lanes_mb,
     eval_run,
     eval_stage_config,
     flags,
@@ -388,6 +389,7 @@ class Pipeline:
             [*depends, "model"],
             clear=[out],
             upgrade=upgrade_eval_stage_config,
+            held_elsewhere_mb=lambda: eval_lanes_mb(out),
         )
 
     def within_budget(self, name: str, eval_cfg: EvalConfig) -> EvalConfig:

@@ -58,8 +58,9 @@ class Stage:
     # A marker's stored config read in today's keys (a config class's LEGACY_KEYS): a finished stage whose settings
     # are the same under today's keys is reused, not run again (None: the stage's config has no other spelling).
     upgrade: Callable[[dict[str, Any]], dict[str, Any]] | None = None
-    # The peak resident MB its work held in processes of its own (training's data-parallel processes, which hold
-    # theirs at the same time), read once it ran: the summary adds it to this process's peak. None: none such.
+    # The peak resident MB its work held in processes of its own (training's data-parallel processes, an eval's
+    # engine lanes: they hold theirs at the same time), read once it ran: the summary adds it to this process's
+    # peak. None: none such.
     held_elsewhere_mb: Callable[[], float | None] | None = None
 
 
@@ -173,6 +174,17 @@ def training_processes_mb(output_dir: Path) -> float | None:
     if len(peaks) < 2 or None in peaks:
         return None
     return float(sum(peaks))
+
+
+def eval_lanes_mb(out: Path) -> float | None:
+    """The summed peak resident MB of an eval's engine lanes in its last invocation (run.json `lane_peak_rss_mb`,
+    evaluation/runner.py); None for an eval whose engine ran in its own process."""
+    try:
+        invocations = json.loads((out / "run.json").read_text()).get("invocations") or []
+    except (OSError, ValueError):
+        return None
+    peaks = [p for p in (invocations[-1].get("lane_peak_rss_mb") or []) if p is not None] if invocations else []
+    return float(sum(peaks)) if peaks else None
 
 
 def engine_info(cfg: EngineConfig) -> dict[str, str]:

@@ -94,6 +94,7 @@ def serve(fd: int) -> None:
         kind, model, adapters, opts = conn.recv()
     except (EOFError, OSError):
         return
+    from simplan.core.memory import rss_mb
     from simplan.inference.engines import is_merged, make_engine
 
     try:
@@ -122,6 +123,9 @@ def serve(fd: int) -> None:
                 return
             if message[0] == "close":
                 return
+            if message[0] == "peak":  # this lane's peak resident memory, MB (core/memory.py)
+                conn.send(("ok", rss_mb("VmHWM")))
+                continue
             _, method, requests, ended = message
             if isinstance(engine, SessionEngine):
                 for session in ended:
@@ -186,12 +190,21 @@ class Lane:
         )
 
     def call(self, method: str, requests: list[Any]) -> list[Any]:
+        return self._ask(("call", method, requests))
+
+    def peak_mb(self) -> float | None:
+        """The lane process's peak resident memory in MB (None where /proc cannot tell)."""
+        return self._ask(("peak",))
+
+    def _ask(self, message: tuple[Any, ...]) -> Any:
         with self._lock:
             if self.dead is not None:
                 raise LaneDied(self.dead)
-            ended, self._ended = self._ended, []
+            if message[0] == "call":
+                ended, self._ended = self._ended, []
+                message = (*message, ended)
             try:
-                self._conn.send(("call", method, requests, ended))
+                self._conn.send(message)
                 status, payload = self._conn.recv()
             except (EOFError, OSError, BrokenPipeError):
                 self.dead = self._death("during a call")
@@ -310,6 +323,17 @@ class LanedEngine:
         """Free `session`'s state in every lane (with each lane's next call): cheap, and right wherever it ran."""
         for lane in self.lanes:
             lane.end_session(session)
+
+    def peaks_mb(self) -> list[float | None]:
+        """Each lane process's peak resident memory in MB (None for a lane that died or cannot tell): what an
+        eval records beside its own peak (run.json `lane_peak_rss_mb`)."""
+        peaks: list[float | None] = []
+        for lane in self.lanes:
+            try:
+                peaks.append(lane.lane.peak_mb())
+            except LaneDied:
+                peaks.append(None)
+        return peaks
 
     def batcher(self, window: float = 0.02) -> LaneBatcher:
         return LaneBatcher(self, window)
