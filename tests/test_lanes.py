@@ -108,6 +108,17 @@ def test_a_lane_whose_engine_cannot_load_raises_the_error_of_the_engine(tmp_path
         LanedEngine("hf", str(tmp_path / "no-model"), {}, 2, dtype="float32", threads=1)
 
 
+def test_a_tokenizer_that_does_not_pickle_is_loaded_in_the_eval_process(base) -> None:
+    from simplan.inference.engines.lanes import _own_tokenizer, _picklable
+
+    class Unpicklable:
+        def __reduce__(self):
+            raise TypeError("cannot pickle")
+
+    assert _picklable(Unpicklable()) is None and _picklable({"a": 1}) == {"a": 1}
+    assert _own_tokenizer(base)("go north")["input_ids"]
+
+
 # ---------------------------------------------------------------------------------------------
 # The batcher over lanes, with in-process lanes
 # ---------------------------------------------------------------------------------------------

@@ -451,10 +451,14 @@ def test_packed_batches_with_gradient_checkpointing_train(tiny: Path, dataset_di
     assert result.metrics["global_step"] == 6 and math.isfinite(result.metrics["eval_loss"])
 
 
-def test_two_process_ddp_matches_one_process(tiny: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("launcher", ["torchrun", "accelerate"])
+def test_two_process_ddp_matches_one_process(tiny: Path, tmp_path: Path, launcher: str) -> None:
     """torchrun with 2 CPU processes (gloo) trains the same step as one process on the whole batch:
-    the loss is a token mean over both processes' examples, and one adapter is written."""
+    the loss is a token mean over both processes' examples, and one adapter is written. So does `accelerate
+    launch` with the shipped multi-GPU config (recipes/accelerate/ddp.yaml): without GPUs its two processes run on
+    the CPU over gloo (its bf16 autocast off here, for an exact comparison; `--cpu` would run one process)."""
     import subprocess
+    import sys
 
     from safetensors.torch import load_file
 
@@ -485,7 +489,12 @@ def test_two_process_ddp_matches_one_process(tiny: Path, tmp_path: Path) -> None
         "num_threads": 1,
     }
     program = ["-m", "simplan.scripts.cli", "train", *(x for k, v in flags.items() for x in (f"--{k}", str(v)))]
-    cmd = torchrun_command(2, free_port(), program)
+    if launcher == "torchrun":
+        cmd = torchrun_command(2, free_port(), program)
+    else:
+        config = Path(__file__).resolve().parents[1] / "recipes" / "accelerate" / "ddp.yaml"
+        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config)]
+        cmd += ["--mixed_precision", "no", "--num_processes", "2", "--main_process_port", str(free_port()), *program]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=process_environment(1))
     assert proc.returncode == 0, proc.stderr[-3000:]
 

@@ -83,6 +83,15 @@ def _portable(error: BaseException) -> BaseException:
         return LaneError(f"{type(error).__name__}: {error}\n{text}")
 
 
+def _picklable(value: Any) -> Any:
+    """`value` if it pickles, else None (the eval process then loads its own tokenizer)."""
+    try:
+        pickle.dumps(value)
+        return value
+    except Exception:  # noqa: BLE001 - any object that cannot travel
+        return None
+
+
 def serve(fd: int) -> None:
     """A lane process (`python -c "...serve(FD)"`): read what to build from the socket `fd`, build the engine, say
     what it serves, then answer calls until told to close or the socket ends (the eval process is gone)."""
@@ -108,7 +117,7 @@ def serve(fd: int) -> None:
             {
                 "adapters": list(engine.adapters),
                 "adapter_dirs": dict(getattr(engine, "adapter_dirs", {}) or {}),
-                "tokenizer": getattr(engine, "tokenizer", None),
+                "tokenizer": _picklable(getattr(engine, "tokenizer", None)),
                 "merged": is_merged(engine),
                 "backend": type(engine).__name__,
                 "pid": os.getpid(),
@@ -265,6 +274,13 @@ class LaneEngine:
         self.lane.close()
 
 
+def _own_tokenizer(model: str) -> Any:
+    """The model's tokenizer loaded here, where a lane's could not be sent (it did not pickle)."""
+    from simplan.models.registry import load_tokenizer, resolve_model
+
+    return load_tokenizer(resolve_model(model))
+
+
 class LanedEngine:
     """The engine protocol over N lanes (module docstring): a call outside a batcher goes to the lane with the
     fewest calls in flight; `batcher(window)` spreads episodes over the lanes, each batched on its own."""
@@ -284,7 +300,7 @@ class LanedEngine:
         first = started[0].info
         self.adapters = list(first["adapters"])
         self.adapter_dirs = dict(first["adapter_dirs"])
-        self.tokenizer = first["tokenizer"]
+        self.tokenizer = first["tokenizer"] or _own_tokenizer(model)  # the lanes' own, for counting and fitting
         self.merged = bool(first["merged"])
         self.backend = first["backend"]
         self.threads = opts.get("threads")
