@@ -17,8 +17,13 @@ by its stack:
   (inside an env adapter: the JVM's round trip over py4j), `planner python` (the rest while running),
   `idle`.
 
+With engine lanes (`--lanes N`, inference/engines/lanes.py) the model runs in lane processes: each lane's
+BatchingEngine thread in the eval process is a `lane round trip` (a call sent and waited for), and each lane
+process is sampled too (role `lane`: `model forward`, `generate loop`, `engine python`, `idle` while it waits
+for a call).
+
 Shares are of the thread's samples, so of wall time. Beside them, from /proc: the CPU seconds (user and
-system) of this process and of its JVM children over the same window, and the load average. Writes
+system) of this process, of its JVM children and of its engine lanes over the same window, and the load average. Writes
 profile.json and profile.md (the table) to --out, and the raw py-spy stacks (profile.raw) for a flame graph.
 """
 
@@ -36,6 +41,8 @@ from pathlib import Path
 from typing import Any
 
 DISPATCHER = "batching-engine"
+LANE = "lane"  # the name parse_raw gives an engine lane process's main thread
+IDLE_FILES = ("batching.py", "lanes.py")  # a dispatcher or lane there is waiting for work, not computing
 CLOCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -49,14 +56,18 @@ def classify(thread: str, frames: list[str]) -> tuple[str, str]:
     leaf = frames[-1] if frames else ""
     waiting = any(w in leaf for w in ("wait (threading.py", "_wait_for_tstate_lock", "get (queue.py", "select ("))
     mine = [f for f in files if f.startswith(SIMPLAN)]
-    if thread == DISPATCHER:
+    if thread == DISPATCHER and any(f.startswith("inference/engines/lanes.py") for f in mine):
+        return "dispatcher", "lane round trip"
+    if thread in (DISPATCHER, LANE):
+        role = "dispatcher" if thread == DISPATCHER else "lane"
         if any(f.startswith(("transformers/models/", "torch/nn/modules/")) for f in files):
-            return "dispatcher", "model forward"
+            return role, "model forward"
         if any(f.startswith("transformers/generation/") for f in files):
-            return "dispatcher", "generate loop"
-        if waiting or not any(f.startswith("inference/engines/") and "batching.py" not in f for f in mine):
-            return "dispatcher", "idle"
-        return "dispatcher", "engine python"
+            return role, "generate loop"
+        engine = any(f.startswith("inference/engines/") and not any(x in f for x in IDLE_FILES) for f in mine)
+        if waiting or "recv" in leaf or not engine:
+            return role, "idle"
+        return role, "engine python"
     if thread != "MainThread" and any(f.startswith(("inference/planning/", "evaluation/")) for f in mine):
         if any(f.startswith("inference/engines/batching.py") for f in mine):
             return "episode", "waiting for the model"
@@ -66,8 +77,9 @@ def classify(thread: str, frames: list[str]) -> tuple[str, str]:
     return "other", "idle" if waiting else "running"
 
 
-def parse_raw(text: str) -> dict[str, Counter]:
-    """Per thread, py-spy's raw lines (`thread (tid): name;frame;...;frame COUNT`) as class -> samples."""
+def parse_raw(text: str, main: str = "MainThread", key: str = "") -> dict[str, Counter]:
+    """Per thread, py-spy's raw lines (`thread (tid): name;frame;...;frame COUNT`) as class -> samples; the main
+    thread is classed as `main` (LANE for an engine lane's profile), `key` tells processes' threads apart."""
     per_thread: dict[str, Counter] = defaultdict(Counter)
     for line in text.splitlines():
         stack, _, count = line.rpartition(" ")
@@ -75,8 +87,9 @@ def parse_raw(text: str) -> dict[str, Counter]:
             continue
         head, *frames = stack.split(";")
         tid, _, name = head.partition(": ")
-        role, cls = classify(name.strip(), frames)
-        per_thread[f"{role}|{tid}"][cls] += int(count)
+        name = name.strip()
+        role, cls = classify(main if name == "MainThread" else name, frames)
+        per_thread[f"{role}|{key}{tid}"][cls] += int(count)
     return per_thread
 
 
@@ -98,8 +111,17 @@ def cpu_seconds(pid: int) -> tuple[float, float]:
     return int(fields[11]) / CLOCK, int(fields[12]) / CLOCK
 
 
+def is_lane(pid: int) -> bool:
+    """Whether `pid` is an engine lane (inference/engines/lanes.py starts them as `python -c "...lanes import
+    serve..."`); the eval's other children are the JVMs py4j launched."""
+    try:
+        return b"simplan.inference.engines.lanes" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
 def children(pid: int) -> list[int]:
-    """Direct children of `pid` (the JVMs py4j launched)."""
+    """Direct children of `pid` (the JVMs py4j launched, and the engine lanes)."""
     out = []
     for p in Path("/proc").iterdir():
         if p.name.isdigit():
@@ -116,24 +138,35 @@ def cpu_snapshot(pid: int) -> dict[str, Any]:
     return {"time": time.monotonic(), "self": cpu_seconds(pid), "children": kids}
 
 
-def cpu_window(start: dict[str, Any], end: dict[str, Any]) -> dict[str, float]:
+def cpu_window(start: dict[str, Any], end: dict[str, Any], lanes: set[int] | None = None) -> dict[str, float]:
+    """Cores busy on average over the window: the eval process, its JVMs, its engine lanes (`lanes`: their pids)."""
+    lanes = lanes or set()
     wall = end["time"] - start["time"]
     su, ss = (e - s for e, s in zip(end["self"], start["self"]))
-    ku = sum(u - start["children"].get(k, (0.0, 0.0))[0] for k, (u, _) in end["children"].items())
-    ks = sum(s - start["children"].get(k, (0.0, 0.0))[1] for k, (_, s) in end["children"].items())
+
+    def used(pids: set[int]) -> tuple[float, float]:
+        u = sum(end["children"][k][0] - start["children"].get(k, (0.0, 0.0))[0] for k in pids)
+        s_ = sum(end["children"][k][1] - start["children"].get(k, (0.0, 0.0))[1] for k in pids)
+        return u / wall, s_ / wall
+
+    jvms = set(end["children"]) - lanes
+    (ju, js), (lu, ls) = used(jvms), used(lanes & set(end["children"]))
     return {
         "wall_s": round(wall, 1),
         "eval_user_cores": round(su / wall, 3),
         "eval_system_cores": round(ss / wall, 3),
-        "jvm_user_cores": round(ku / wall, 3),
-        "jvm_system_cores": round(ks / wall, 3),
-        "jvms": len(end["children"]),
+        "jvm_user_cores": round(ju, 3),
+        "jvm_system_cores": round(js, 3),
+        "jvms": len(jvms),
+        "lane_user_cores": round(lu, 3),
+        "lane_system_cores": round(ls, 3),
+        "lanes": len(lanes),
     }
 
 
 def table(result: dict[str, Any]) -> str:
     lines = ["| thread | class | share of wall |", "|---|---|---:|"]
-    for role in ("dispatcher", "episode"):
+    for role in ("dispatcher", "lane", "episode"):
         for cls, share in sorted(result["shares"][role].items(), key=lambda kv: -kv[1]):
             lines.append(f"| {role} | {cls} | {100 * share:.1f}% |")
     cpu = result["cpu"]
@@ -141,7 +174,8 @@ def table(result: dict[str, Any]) -> str:
     lines.append(
         f"CPU over {cpu['wall_s']} s (cores busy on average): eval process user {cpu['eval_user_cores']}, "
         f"system {cpu['eval_system_cores']}; {cpu['jvms']} JVMs user {cpu['jvm_user_cores']}, "
-        f"system {cpu['jvm_system_cores']}; load average before {result['load_before']}, after "
+        f"system {cpu['jvm_system_cores']}; {cpu.get('lanes', 0)} engine lanes user {cpu.get('lane_user_cores', 0)}, "
+        f"system {cpu.get('lane_system_cores', 0)}; load average before {result['load_before']}, after "
         f"{result['load_after']}; {result['episode_threads']} episode threads."
     )
     return "\n".join(lines)
@@ -167,13 +201,20 @@ def main(argv: list[str] | None = None) -> int:
     with open(out / "command.log", "w") as log:
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
         time.sleep(args.warmup)
+        lanes = sorted(k for k in children(proc.pid) if is_lane(k))
         start = cpu_snapshot(proc.pid)
-        subprocess.run(
-            [spy, "record", "--pid", str(proc.pid), "--rate", str(args.rate), "--duration", str(int(args.seconds))]
-            + ["--threads", "--idle", "--nonblocking", "--format", "raw", "--output", str(out / "profile.raw")],
-            check=True,
-            stdout=subprocess.DEVNULL,
-        )
+        targets = [(proc.pid, out / "profile.raw")] + [(k, out / f"profile-lane{i}.raw") for i, k in enumerate(lanes)]
+        spies = [
+            subprocess.Popen(
+                [spy, "record", "--pid", str(pid), "--rate", str(args.rate), "--duration", str(int(args.seconds))]
+                + ["--threads", "--idle", "--nonblocking", "--format", "raw", "--output", str(raw)],
+                stdout=subprocess.DEVNULL,
+            )
+            for pid, raw in targets
+        ]
+        for spy_proc in spies:
+            if spy_proc.wait() != 0:
+                raise SystemExit(f"py-spy failed ({spy_proc.args})")
         end = cpu_snapshot(proc.pid)
         load_after = Path("/proc/loadavg").read_text().split()[:3]
         if not args.keep:
@@ -186,11 +227,13 @@ def main(argv: list[str] | None = None) -> int:
         else:
             proc.wait()
     per_thread = parse_raw((out / "profile.raw").read_text())
+    for i, _ in enumerate(lanes):
+        per_thread.update(parse_raw((out / f"profile-lane{i}.raw").read_text(), main=LANE, key=f"lane{i}:"))
     result = {
         "command": command,
-        "shares": {role: shares(per_thread, role) for role in ("dispatcher", "episode")},
+        "shares": {role: shares(per_thread, role) for role in ("dispatcher", "lane", "episode")},
         "episode_threads": sum(1 for k in per_thread if k.startswith("episode|")),
-        "cpu": cpu_window(start, end),
+        "cpu": cpu_window(start, end, set(lanes)),
         "load_before": " ".join(load_before),
         "load_after": " ".join(load_after),
     }

@@ -14,10 +14,12 @@ import importlib.util
 import json
 import math
 import os
+from pathlib import Path
 
 import pytest
 
 from simplan.core.errors import InputError
+from simplan.evaluation.runner import EvalConfig
 from simplan.inference.engines import make_engine
 from simplan.inference.engines.base import EmbedRequest, Engine, GenerationRequest, ScoreRequest, cosine
 from simplan.inference.engines.scripted import ScriptedEngine
@@ -532,25 +534,29 @@ def _episode_events(out) -> dict[str, list[dict]]:
     return {t.episode_id: [_same_run(e.to_dict()) for e in t.events] for t in read_traces(out / "traces.jsonl")}
 
 
+def _toy_eval(out: Path) -> EvalConfig:
+    """Reactive and simplan on 8 short toy episodes (4 tasks), short generations: an eval to compare engines by."""
+    return EvalConfig(
+        suite="toy-dev",
+        arms=["reactive", "simplan"],
+        episodes=4,
+        max_steps=6,
+        out=str(out),
+        progress=False,
+        planner={"sampling": {"simulator_max_tokens": 12, "decider_max_tokens": 8}},
+    )
+
+
 def test_concurrent_episodes_on_one_hf_engine_match_sequential_runs(tiny, tmp_path):
     """The batcher merges several episodes' requests into one forward (prefill and decode), yet every episode
     takes the same actions and imagines the same texts as when the episodes run one at a time."""
-    from simplan.evaluation.runner import EvalConfig, evaluate
+    from simplan.evaluation.runner import evaluate
 
     base, adapters = tiny
     runs = {}
     for concurrency in (1, 4):
         engine = make_engine("hf", base, adapters, dtype="float32", threads=1, batch_size=8)
-        cfg = EvalConfig(
-            suite="toy-dev",
-            arms=["reactive", "simplan"],
-            episodes=4,
-            max_steps=6,
-            out=str(tmp_path / f"c{concurrency}"),
-            progress=False,
-            planner={"sampling": {"simulator_max_tokens": 12, "decider_max_tokens": 8}},
-        )
-        outcome = evaluate(cfg, engine, concurrency=concurrency)
+        outcome = evaluate(_toy_eval(tmp_path / f"c{concurrency}"), engine, concurrency=concurrency)
         assert outcome.ran == 8 and outcome.errored == 0
         if concurrency > 1:
             assert outcome.batch["max_calls_per_batch"] > 1  # several episodes' calls in one engine call
@@ -563,7 +569,7 @@ def test_concurrent_episodes_on_one_hf_engine_match_sequential_runs(tiny, tmp_pa
 def test_an_eval_on_engine_lanes_matches_one_engine(tiny, tmp_path):
     """Two engine lanes (inference/engines/lanes.py, built as `simplan eval --lanes 2` builds them) play the same
     episodes as one engine: the same actions and imagined texts, the episodes spread over both lanes."""
-    from simplan.evaluation.runner import EvalConfig, evaluate
+    from simplan.evaluation.runner import evaluate
     from simplan.inference.engines import EngineConfig, engine_from_config, engine_lanes
     from simplan.inference.engines.config import HFOptions
 
@@ -582,17 +588,8 @@ def test_an_eval_on_engine_lanes_matches_one_engine(tiny, tmp_path):
         )
         engine = engine_from_config(ecfg, concurrent=True)
         assert engine_lanes(engine) == lanes
-        cfg = EvalConfig(
-            suite="toy-dev",
-            arms=["reactive", "simplan"],
-            episodes=4,
-            max_steps=6,
-            out=str(tmp_path / f"lanes{lanes}"),
-            progress=False,
-            planner={"sampling": {"simulator_max_tokens": 12, "decider_max_tokens": 8}},
-        )
         try:
-            outcome = evaluate(cfg, engine, concurrency=4)
+            outcome = evaluate(_toy_eval(tmp_path / f"lanes{lanes}"), engine, concurrency=4)
         finally:
             engine.close()
         assert outcome.ran == 8 and outcome.errored == 0

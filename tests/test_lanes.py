@@ -99,6 +99,9 @@ def test_a_lane_that_dies_fails_its_calls_with_its_exit_code_and_is_left_out(bas
         with batcher.session():  # new episodes too
             assert batcher.generate([GenerationRequest(messages=MESSAGES[0], max_tokens=2)])
         batcher.close()
+        survivor = engine.lanes[1].lane
+        survivor._conn.close()  # the eval process gone (its end of the socket closed): the lane ends by itself
+        assert survivor.process.wait(timeout=30) == 0
     finally:
         engine.close()
 

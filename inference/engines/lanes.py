@@ -133,17 +133,20 @@ def serve(fd: int) -> None:
             if message[0] == "close":
                 return
             if message[0] == "peak":  # this lane's peak resident memory, MB (core/memory.py)
-                conn.send(("ok", rss_mb("VmHWM")))
-                continue
-            _, method, requests, ended = message
-            if isinstance(engine, SessionEngine):
-                for session in ended:
-                    engine.end_session(session)
+                reply: tuple[str, Any] = ("ok", rss_mb("VmHWM"))
+            else:
+                _, method, requests, ended = message
+                if isinstance(engine, SessionEngine):
+                    for session in ended:
+                        engine.end_session(session)
+                try:
+                    reply = ("ok", getattr(engine, method)(requests))
+                except BaseException as e:  # noqa: BLE001 - raised again in the caller
+                    reply = ("error", _portable(e))
             try:
-                reply: tuple[str, Any] = ("ok", getattr(engine, method)(requests))
-            except BaseException as e:  # noqa: BLE001 - raised again in the caller
-                reply = ("error", _portable(e))
-            conn.send(reply)
+                conn.send(reply)
+            except OSError:  # the eval process died while this call ran: nobody to answer
+                return
     finally:
         engine.close()
 
@@ -242,14 +245,11 @@ class Lane:
         self._conn.close()
 
 
-class LaneEngine:
-    """The engine protocol over one lane (what a lane's BatchingEngine wraps)."""
+class _Calls:
+    """The engine protocol's calls, each sent through `_call(method, requests)`."""
 
-    def __init__(self, lane: Lane) -> None:
-        self.lane = lane
-        self.adapters = list(lane.info.get("adapters", []))
-        self.tokenizer = lane.info.get("tokenizer")
-        self.usage = EngineUsage()
+    def _call(self, method: str, requests: list[Any]) -> list[Any]:
+        raise NotImplementedError
 
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         return self._call("generate", requests)
@@ -259,6 +259,16 @@ class LaneEngine:
 
     def embed(self, requests: list[EmbedRequest]) -> list[EmbedResult]:
         return self._call("embed", requests)
+
+
+class LaneEngine(_Calls):
+    """The engine protocol over one lane (what a lane's BatchingEngine wraps)."""
+
+    def __init__(self, lane: Lane) -> None:
+        self.lane = lane
+        self.adapters = list(lane.info.get("adapters", []))
+        self.tokenizer = lane.info.get("tokenizer")
+        self.usage = EngineUsage()
 
     def _call(self, method: str, requests: list[Any]) -> list[Any]:
         with timer() as t:
@@ -281,7 +291,7 @@ def _own_tokenizer(model: str) -> Any:
     return load_tokenizer(resolve_model(model))
 
 
-class LanedEngine:
+class LanedEngine(_Calls):
     """The engine protocol over N lanes (module docstring): a call outside a batcher goes to the lane with the
     fewest calls in flight; `batcher(window)` spreads episodes over the lanes, each batched on its own."""
 
@@ -325,15 +335,6 @@ class LanedEngine:
         if method != "embed":
             account(self.usage, results, t[0])
         return results
-
-    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
-        return self._call("generate", requests)
-
-    def score(self, requests: list[ScoreRequest]) -> list[ScoreResult]:
-        return self._call("score", requests)
-
-    def embed(self, requests: list[EmbedRequest]) -> list[EmbedResult]:
-        return self._call("embed", requests)
 
     def end_session(self, session: str) -> None:
         """Free `session`'s state in every lane (with each lane's next call): cheap, and right wherever it ran."""
