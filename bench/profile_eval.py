@@ -197,6 +197,10 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     spy = str(Path(sys.executable).with_name("py-spy"))
+    if not Path(spy).exists():
+        raise SystemExit(
+            f"profile_eval.py: no py-spy beside {sys.executable}; install it: {sys.executable} -m pip install py-spy"
+        )
     load_before = Path("/proc/loadavg").read_text().split()[:3]
     with open(out / "command.log", "w") as log:
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)

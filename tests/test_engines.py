@@ -534,6 +534,11 @@ def _episode_events(out) -> dict[str, list[dict]]:
     return {t.episode_id: [_same_run(e.to_dict()) for e in t.events] for t in read_traces(out / "traces.jsonl")}
 
 
+def _without(runs: dict[str, list[dict]], key: str) -> dict[str, list[dict]]:
+    """`_episode_events` with `key` left out of every event."""
+    return {ep: [{k: v for k, v in e.items() if k != key} for e in events] for ep, events in runs.items()}
+
+
 def _toy_eval(out: Path) -> EvalConfig:
     """Reactive and simplan on 8 short toy episodes (4 tasks), short generations: an eval to compare engines by."""
     return EvalConfig(
@@ -568,7 +573,7 @@ def test_concurrent_episodes_on_one_hf_engine_match_sequential_runs(tiny, tmp_pa
 
 def test_an_eval_on_engine_lanes_matches_one_engine(tiny, tmp_path):
     """Two engine lanes (inference/engines/lanes.py, built as `simplan eval --lanes 2` builds them) play the same
-    episodes as one engine: the same actions and imagined texts, the episodes spread over both lanes."""
+    episodes as one engine: the same actions, imagined texts and tokens, the episodes spread over both lanes."""
     from simplan.evaluation.runner import evaluate
     from simplan.inference.engines import EngineConfig, engine_from_config, engine_lanes
     from simplan.inference.engines.config import HFOptions
@@ -594,7 +599,8 @@ def test_an_eval_on_engine_lanes_matches_one_engine(tiny, tmp_path):
             engine.close()
         assert outcome.ran == 8 and outcome.errored == 0
         runs[lanes], batches[lanes] = _episode_events(outcome.out), outcome.batch
-    assert runs[2] == runs[1]
+    # An episode that moved to an emptier lane prefills its prompt there again: the same tokens, fewer of them cached.
+    assert _without(runs[2], "cached_prompt_tokens") == _without(runs[1], "cached_prompt_tokens")
     assert batches[2]["lanes"] == 2 and min(batches[2]["lane_calls"]) > 0
     (invocation,) = json.loads((tmp_path / "lanes2" / "run.json").read_text())["invocations"]
     assert len(invocation["lane_peak_rss_mb"]) == 2 and min(invocation["lane_peak_rss_mb"]) > 50

@@ -21,11 +21,7 @@ def test_samples_of_an_eval_on_engine_lanes_are_classed(bench_script) -> None:
     python = ["serve (inference/engines/lanes.py:1)", "generate (inference/engines/hf_peft.py:2)"]
     assert prof.classify(prof.LANE, python) == ("lane", "engine python")
     raw = (
-        "thread (0x1): MainThread;"
-        + ";".join(forward)
-        + " 3\nthread (0x1): MainThread;"
-        + ";".join(waiting)
-        + " 1\n"
+        "thread (0x1): MainThread;" + ";".join(forward) + " 3\nthread (0x1): MainThread;" + ";".join(waiting) + " 1\n"
     )
     per_thread = prof.parse_raw(raw, main=prof.LANE, key="lane0:")
     assert prof.shares(per_thread, "lane") == {"idle": 0.25, "model forward": 0.75}

@@ -57,12 +57,7 @@ def make_engine(
         from simplan.inference.engines.model_free import ModelFreeEngine
 
         return ModelFreeEngine(kind, **opts)  # type: ignore[return-value]
-    named = parse_adapters(adapters)
-    missing = [name for name, path in named.items() if not path]
-    if missing and kind != "openai":
-        raise InputError(f"engine {kind!r}: adapter(s) {', '.join(missing)} need a folder: give name=DIR")
-    if kind != "openai":
-        check_adapter_folders(named)
+    named = checked_adapters(kind, adapters)
     if opts.pop("merge_adapters", False) and named:
         from simplan.inference.engines.merged import MergedEngine
 
@@ -83,6 +78,17 @@ def make_engine(
     # openai engine has them when --adapters names local copies of the served adapters.
     engine.adapter_dirs = {name: path for name, path in named.items() if path and Path(path).is_dir()}
     return engine
+
+
+def checked_adapters(kind: str, adapters: dict[str, str] | list[str] | str | None) -> dict[str, str]:
+    """`adapters` as {name: folder}, each a folder the user gave (the openai backend needs only the names)."""
+    named = parse_adapters(adapters)
+    missing = [name for name, path in named.items() if not path]
+    if missing and kind != "openai":
+        raise InputError(f"engine {kind!r}: adapter(s) {', '.join(missing)} need a folder: give name=DIR")
+    if kind != "openai":
+        check_adapter_folders(named)
+    return named
 
 
 def accepted_options(kind: str) -> tuple[str, ...]:
@@ -108,8 +114,8 @@ def engine_from_config(cfg: EngineConfig, concurrent: bool = False) -> Engine:
 
         print(lanes.line(), flush=True)
         values["threads"] = lanes.threads
-        check_adapter_folders(parse_adapters(cfg.adapters))  # before any lane starts: the user's error, once
-        return LanedEngine(cfg.engine, cfg.model, parse_adapters(cfg.adapters), lanes.lanes, **values)  # type: ignore[return-value]
+        named = checked_adapters(cfg.engine, cfg.adapters)  # before any lane starts: the user's error, once
+        return LanedEngine(cfg.engine, cfg.model, named, lanes.lanes, **values)  # type: ignore[return-value]
     return make_engine(cfg.engine, cfg.model, cfg.adapters, **values)
 
 
