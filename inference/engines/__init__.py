@@ -108,8 +108,8 @@ def engine_from_config(cfg: EngineConfig, concurrent: bool = False) -> Engine:
         if cfg.adapters:
             print(choice.line(), flush=True)
         values["merge_adapters"] = choice.merge
-    lanes = resolve_lanes(cfg, concurrent) if cfg.engine == "hf" else None
-    if lanes is not None and lanes.lanes > 1:
+    lanes = resolve_lanes(cfg, concurrent)
+    if lanes.lanes > 1:
         from simplan.inference.engines.lanes import LanedEngine
 
         print(lanes.line(), flush=True)

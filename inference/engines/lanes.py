@@ -120,7 +120,6 @@ def serve(fd: int) -> None:
                 "tokenizer": _picklable(getattr(engine, "tokenizer", None)),
                 "merged": is_merged(engine),
                 "backend": type(engine).__name__,
-                "pid": os.getpid(),
             },
         )
     )
@@ -218,7 +217,7 @@ class Lane:
             try:
                 self._conn.send(message)
                 status, payload = self._conn.recv()
-            except (EOFError, OSError, BrokenPipeError):
+            except (EOFError, OSError):  # OSError: BrokenPipeError too
                 self.dead = self._death("during a call")
                 raise LaneDied(self.dead) from None
         if status == "error":
@@ -234,7 +233,7 @@ class Lane:
             if self.dead is None:
                 try:
                     self._conn.send(("close",))
-                except (OSError, BrokenPipeError):
+                except OSError:
                     pass
                 self.dead = f"engine lane {self.index}: closed"
         try:
@@ -314,7 +313,6 @@ class LanedEngine(_Calls):
         self.merged = bool(first["merged"])
         self.backend = first["backend"]
         self.threads = opts.get("threads")
-        self.usage = EngineUsage()
         self._busy = [0] * lanes
         self._lock = threading.Lock()
 
@@ -330,11 +328,16 @@ class LanedEngine(_Calls):
                 self._busy[i] -= 1
 
     def _call(self, method: str, requests: list[Any]) -> list[Any]:
-        with self._least_busy() as lane, timer() as t:
-            results = lane._call(method, requests)
-        if method != "embed":
-            account(self.usage, results, t[0])
-        return results
+        with self._least_busy() as lane:
+            return lane._call(method, requests)
+
+    @property
+    def usage(self) -> EngineUsage:
+        """Every call any lane served (each lane keeps its own: a call reaches exactly one)."""
+        total = EngineUsage()
+        for lane in self.lanes:
+            total.add(lane.usage)
+        return total
 
     def end_session(self, session: str) -> None:
         """Free `session`'s state in every lane (with each lane's next call): cheap, and right wherever it ran."""
