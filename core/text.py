@@ -14,6 +14,8 @@ Every place that compares texts uses these: the expectation-mismatch pivot and t
   the commas, quotes and period two texts share would make different contents look alike.
 - `token_f1`: F1 of the two multisets of words; two texts without words are identical (1.0), one without words
   against one with words is 0.0.
+- `leading_words`: the start of a text with as many words as another: a prediction cut by its token limit is
+  compared with the part of the real observation it could have said.
 - `collapse`: white space collapsed, case kept: how an action text is compared with another (a tool call's
   arguments are case-sensitive).
 """
@@ -45,6 +47,14 @@ def exact(predicted: str | None, real: str | None) -> bool:
 
 def words(text: str | None) -> list[str]:
     return _WORD.findall(normalize(text))
+
+
+def leading_words(text: str | None, like: str | None) -> str:
+    """The start of `text` (white space collapsed) up to the end of its n-th word, n = the words of `like`; all of
+    it when it has no more: what a prediction cut by its token limit is compared with, as it could say no more."""
+    n = len(words(like))
+    spans = list(_WORD.finditer(collapse(text)))
+    return collapse(text) if n == 0 or n >= len(spans) else collapse(text)[: spans[n - 1].end()]
 
 
 def token_f1(predicted: str | None, real: str | None) -> float:

@@ -25,6 +25,7 @@ from simplan.inference.engines.base import EmbedRequest, Engine, GenerationReque
 from simplan.inference.engines.scripted import ScriptedEngine
 from simplan.inference.planning.config import SamplingConfig
 from simplan.inference.planning.router import BudgetConfig
+from simplan.training.processes import free_port
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 ADAPTER_NAMES = ("decider", "simulator")
@@ -308,7 +309,7 @@ def test_serve_openai_backend_matches_hf(tiny, hf, tmp_path):
     cfg = ServeConfig(
         model=base,
         adapters=",".join(f"{k}={v}" for k, v in adapters.items()),
-        port=_free_port(),
+        port=free_port(),
         api_key="test-key",
         dtype="float32",
         threads=2,
@@ -351,14 +352,6 @@ def _http_status(method: str, url: str, body: dict, key: str | None = None) -> i
             return r.status
     except urllib.error.HTTPError as e:
         return e.code
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _pid_alive(pid: int) -> bool:

@@ -65,7 +65,7 @@ def test_lanes_serve_the_protocol_as_the_engine_does(base, lanes) -> None:
     assert lanes.generate(gen[:1])[0].completions[0].text == got[0].completions[0].text
     assert lanes.adapters == [] and lanes.tokenizer is not None and not is_merged(lanes)
     assert engine_lanes(lanes) == 2 and lanes.usage.calls == 3  # generate, score, generate (embed: none)
-    assert lanes.describe() == "2 engine lanes (HFPeftEngine, 1 thread each)"
+    assert (len(lanes.lanes), lanes.backend, lanes.threads) == (2, "HFPeftEngine", 1)
 
 
 def test_an_error_in_a_lane_is_raised_in_the_caller_with_its_type_and_the_lanes_traceback(lanes) -> None:

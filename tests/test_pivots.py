@@ -12,6 +12,7 @@ from simplan.inference.planning.pivots import (
     ErrorObservation,
     ExpectationMismatch,
     NoProgress,
+    PivotConfig,
     PivotContext,
     PivotMonitor,
     RepeatedAction,
@@ -63,6 +64,26 @@ def test_error_observation_uses_env_patterns():
     rule = ErrorObservation(patterns=compile_patterns([r"^ERR\b"]))
     assert rule.check(ctx([rec("x", "ERR 42: bad tool")])) is not None
     assert rule.check(ctx([rec("x", "You can't do that.")])) is None  # only the env's own patterns count
+
+
+def test_an_expectation_cut_at_its_token_limit_is_compared_with_the_start_of_the_observation():
+    real = "You are in the kitchen. In one part of the room you see a stove. There is also an oven."
+    cut = "You are in the kitchen. In one part of the"  # what a simulator stopped by its token limit says
+    seen = ctx([rec("go north", real)], expectation=cut, expectation_cut=True)
+    assert ExpectationMismatch(threshold=0.75).check(seen) is None  # its 10 words are the observation's first 10
+    whole = ExpectationMismatch(threshold=0.75, cut_expectations="whole").check(seen)  # 10 of 19 words: F1 0.69
+    assert whole is not None and whole.evidence["expectation_cut"] and whole.evidence["compared"] == real
+    assert "(cut at its token limit)" in whole.message
+    # cut or not, a start that departs from the observation's is a mismatch
+    bathroom = "You are in the bathroom. You see a bath mat"
+    wrong = ctx([rec("go north", real)], expectation=bathroom, expectation_cut=True)
+    e = ExpectationMismatch(threshold=0.75).check(wrong)
+    assert e is not None and e.evidence["compared"] == "You are in the kitchen. In one part of the"
+    # an uncut prediction is compared with the whole observation, and its evidence reads as before
+    short = ExpectationMismatch(threshold=0.75).check(ctx([rec("go north", real)], expectation=cut))
+    assert short is not None and "compared" not in short.evidence and "expectation_cut" not in short.evidence
+    with pytest.raises(ValueError, match="cut_expectations"):
+        PivotConfig(cut_expectations="half")
 
 
 def test_expectation_mismatch_threshold_and_near_miss():

@@ -146,6 +146,21 @@ def test_mismatch_drops_the_queue_and_replans_from_the_real_state():
     assert acts[2].step == 3 and acts[2].model_calls > 0  # step 3 was planned again
 
 
+def test_a_prediction_cut_by_the_simulators_token_limit_is_no_mismatch_when_its_start_is_right():
+    # A perfect simulator whose replies stop at 5 tokens: "You are in room 2" of "You are in room 2 of 4. A key ..."
+    sampling = {"simulator_max_tokens": 5}
+    prefix = run(oracle_engine()[0], config(k=1, horizon=1, sampling=sampling))
+    assert prefix.summary.success
+    assert not [e for e in events(prefix, "pivot") if e.rule == "expectation_mismatch"]
+    cut = [a for a in events(prefix, "act") if a.expectation and len(a.observation.split()) > 5]
+    assert cut and all(len(a.expectation.split()) == 5 and a.match == 1.0 for a in cut)
+    rules = {"cut_expectations": "whole"}
+    whole = run(oracle_engine()[0], config(k=1, horizon=1, sampling=sampling, pivot_rules=rules))
+    fired = [e for e in events(whole, "pivot") if e.rule == "expectation_mismatch" and e.fired]
+    assert fired and all(e.evidence["expectation_cut"] for e in fired)
+    assert all(e.evidence["compared"] == e.evidence["observed"] for e in fired)  # the whole observation
+
+
 def test_a_planned_action_missing_from_the_real_valid_actions_replans_before_acting():
     # After one step the decider imagines "open door" and the simulator believes it works; in the
     # real room 2 it is not a valid action.

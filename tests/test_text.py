@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from simplan.core.text import exact, normalize, similarity, token_f1
+from simplan.core.text import exact, leading_words, normalize, similarity, token_f1
 from simplan.evaluation.offline import simulator_metrics, simulator_verb_accuracy
 from simplan.inference.planning.trace import ActEvent, EpisodeTrace, summarize
 
@@ -35,6 +35,15 @@ def test_token_f1_counts_words_only() -> None:
     assert token_f1("The fridge is open.", "the fridge is open") == 1.0
     assert token_f1("", "") == 1.0 and token_f1("", "a") == 0.0
     assert token_f1("a a b", "a b b") == pytest.approx(2 / 3)  # multisets: 2 of 3 words shared each way
+
+
+def test_leading_words_keeps_as_many_words_as_the_other_text() -> None:
+    real = "You are in the kitchen.  In one part of the room you see a stove."
+    assert leading_words(real, "You are in the kitch") == "You are in the kitchen"  # 5 words, white space collapsed
+    assert leading_words(real, "you are in the kitchen. in one part of the room you see a stove, a fridge") == (
+        "You are in the kitchen. In one part of the room you see a stove."  # fewer words than that: all of it
+    )
+    assert leading_words("Nothing happens.", "...") == "Nothing happens."  # no words to count: all of it
 
 
 def test_similarity_is_the_pivots_rule() -> None:

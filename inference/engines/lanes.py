@@ -358,10 +358,6 @@ class LanedEngine(_Calls):
     def batcher(self, window: float = 0.02) -> LaneBatcher:
         return LaneBatcher(self, window)
 
-    def describe(self) -> str:
-        threads = f"{self.threads} thread{'s' if self.threads != 1 else ''}" if self.threads else "all threads"
-        return f"{len(self.lanes)} engine lanes ({self.backend}, {threads} each)"
-
     def close(self) -> None:
         lanes, self.lanes = self.lanes, []
         for lane in lanes:

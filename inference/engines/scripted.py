@@ -49,12 +49,21 @@ def _ntok(text: str) -> int:
     return max(1, len(text.split()))
 
 
+def _completion(text: str, req: GenerationRequest) -> Completion:
+    """`text` as a completion of `req`: cut at its max_tokens (a word counts as a token), as a model's would be."""
+    reason = "stop"
+    if _ntok(text) > req.max_tokens:
+        text, reason = " ".join(text.split()[: req.max_tokens]), "length"
+    return Completion(text, _ntok(text), reason, -0.1 * _ntok(text) if req.logprobs else None)
+
+
 class ScriptedEngine:
     """An Engine whose outputs come from `decide`/`simulate`/`score` callables (keyed by adapter role).
 
     Requests whose adapter is "simulator" go to `simulate`, all others to `decide`. A responder
     returns one text (repeated n times) or a list of n texts. With `choices`, an output outside the
-    list is replaced by its closest choice (what a constrained decoder guarantees). `latency`
+    list is replaced by its closest choice (what a constrained decoder guarantees); one longer than the request's
+    max_tokens (words count as tokens) is cut there, with finish_reason "length". `latency`
     seconds per call and `token_latency` per completion token are slept, to imitate a model.
     `constrained=False` raises NotImplementedError on choices/regex/json_schema, like a plain backend.
     `calls` records ("generate" | "score", requests) for every batched call.
@@ -90,7 +99,7 @@ class ScriptedEngine:
             texts = [out] * req.n if isinstance(out, str) else list(out)[: req.n]
             if req.choices:
                 texts = [t if t in req.choices else _closest(t, req.choices) for t in texts]
-            comps = [Completion(t, _ntok(t), "stop", -0.1 * _ntok(t) if req.logprobs else None) for t in texts]
+            comps = [_completion(t, req) for t in texts]
             results.append(GenerationResult(comps, _ntok(text), sum(c.num_tokens for c in comps), 0.0))
         self._sleep(sum(r.completion_tokens for r in results))
         dt = time.perf_counter() - t0

@@ -44,6 +44,7 @@ class Queued:
     expectation: str | None
     source: str  # plan | reactive | fallback | backtrack
     verdict: str | None = None  # the ending predicted for this step (won | lost), traced on its act event
+    expectation_cut: bool = False  # the simulator's token limit cut the expectation (pivots compare its start)
 
 
 @dataclass

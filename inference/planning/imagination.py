@@ -72,6 +72,7 @@ class Rollout:
     # The env's verdict on each prediction: the env oracle's, or a learned simulator's verdict line when it was
     # trained with verdicts (PromptSettings.verdicts); empty for a simulator without them.
     outcomes: list[Outcome | None] = field(default_factory=list)
+    cut: set[int] = field(default_factory=set)  # indices of the predictions the simulator's token limit cut
 
 
 def _first_lost(r: Rollout) -> bool:
@@ -87,7 +88,8 @@ class Imagination:
         self.planner = planner
         self.propose = Proposer(self)  # the decider's first actions (proposals.py)
         # (state key, action key) -> (predicted observation, the simulator's mean token logprob of it)
-        self.cache: dict[tuple[str, str], tuple[str, float | None]] = {}
+        # (state, action) -> (prediction, confidence, cut by the token limit)
+        self.cache: dict[tuple[str, str], tuple[str, float | None, bool]] = {}
         self.propose.can_score = True
         self._unsupported: set[str] = set()  # constrained-decoding kinds the backend refused
         # simulator "env": the real env, replayed on copies, answers imagination (oracle.py); one copy per
@@ -274,9 +276,11 @@ class Imagination:
             verdict = Outcome(done=True, won=predicted == "won") if predicted in ("won", "lost") else None
             rollouts.append(Rollout([c.action], [], c.probability, c.logprob, outcomes=[verdict]))
         if self.planner.config.pivots:
-            text, confidence, cached = self._expectation(ep, rollouts[best], allowed)
+            text, confidence, cut, cached = self._expectation(ep, rollouts[best], allowed)
             rollouts[best].predicted.append(text)
             rollouts[best].confidence.append(confidence)
+            if cut:
+                rollouts[best].cut.add(0)
             hits += cached
         records = [
             CandidateRecord(
@@ -314,13 +318,14 @@ class Imagination:
 
     def _expectation(
         self, ep: EpisodeRun, rollout: Rollout, allowed: list[str] | None
-    ) -> tuple[str | None, float | None, int]:
-        """The committed candidate's predicted observation (its outcome line split off) and confidence; 1 if cached."""
+    ) -> tuple[str | None, float | None, bool, int]:
+        """The committed candidate's predicted observation (its outcome line split off), confidence, whether the
+        token limit cut it, and 1 if cached."""
         state = self._imagined_state(ep, rollout, allowed)
         key = self._cache_key(state, rollout.actions[0])
         if self.planner.config.imagination.cache and key in self.cache:
-            text, confidence = self.cache[key]
-            return text, confidence, 1
+            text, confidence, cut = self.cache[key]
+            return text, confidence, cut, 1
         request = GenerationRequest(
             adapter=self.planner.simulator,
             messages=self.planner.prompts.simulator(state, rollout.actions[0]),
@@ -332,11 +337,12 @@ class Imagination:
         raw = res.completions[0].text.strip() if res.completions else ""
         text = split_outcome(raw)[0].strip() or None
         confidence = res.completions[0].mean_logprob if res.completions else None
+        cut = bool(res.completions) and res.completions[0].finish_reason == "length"
         if text is None:
             self.planner._parse_failure(ep, "simulator", raw, "empty prediction", "dropped")
         elif self.planner.config.imagination.cache:
-            self.cache[key] = (text, confidence)
-        return text, confidence, 0
+            self.cache[key] = (text, confidence, cut)
+        return text, confidence, cut, 0
 
     def _accepts(self) -> bool | None:
         """The env's verdict on the real state (its optional `accepts()`: is the goal met?), None without one."""
@@ -352,7 +358,8 @@ class Imagination:
                 expectation is None or self.planner.judge.is_error(expectation) or (outcome and outcome.lost)
             ):
                 break  # never queue an action expected to fail or lose, nor one whose outcome was not imagined
-            queue.append(Queued(action, expectation, source, None if outcome is None else outcome.verdict))
+            verdict = None if outcome is None else outcome.verdict
+            queue.append(Queued(action, expectation, source, verdict, expectation_cut=i in rollout.cut))
             if self.planner.judge.is_error(expectation or "") or total < self.planner.config.judge.threshold:
                 break  # a failing or low-scored plan: take one step and look again
         return queue
@@ -382,8 +389,8 @@ class Imagination:
                 state = self._imagined_state(ep, r, allowed if depth == 0 else imagined_valid)
                 ckey = self._cache_key(state, r.actions[-1])
                 if cfg.imagination.cache and ckey in self.cache:
-                    text, confidence = self.cache[ckey]
-                    self._add_prediction(r, text, confidence)
+                    text, confidence, cut = self.cache[ckey]
+                    self._add_prediction(r, text, confidence, cut)
                     hits += 1
                     continue
                 pending.append((r, ckey))
@@ -400,14 +407,15 @@ class Imagination:
                 for (r, ckey), res in zip(pending, self._generate(ep, requests)):
                     text = res.completions[0].text.strip() if res.completions else ""
                     confidence = res.completions[0].mean_logprob if res.completions else None
+                    cut = bool(res.completions) and res.completions[0].finish_reason == "length"
                     if not text:
                         self.planner._parse_failure(ep, "simulator", text, "empty prediction", "dropped")
                         self._add_prediction(r, None, None)
                         r.alive = False
                         continue
-                    self._add_prediction(r, text, confidence)
+                    self._add_prediction(r, text, confidence, cut)
                     if cfg.imagination.cache:
-                        self.cache[ckey] = (text, confidence)
+                        self.cache[ckey] = (text, confidence, cut)
             for r in alive:
                 if r.predicted[-1] is not None and self.planner.judge.is_error(r.predicted[-1]):
                     r.alive = False  # the rollout ends at a predicted failure
@@ -438,15 +446,17 @@ class Imagination:
                     r.alive = False
         return hits
 
-    def _add_prediction(self, r: Rollout, text: str | None, confidence: float | None) -> None:
-        """Append a learned simulator's prediction to `r`. A simulator trained with verdicts (its
-        PromptSettings.verdicts) ends the reply to a step that ends the episode with a verdict line: it is split
-        off (the text is what expectations and pivots compare with real observations, which carry none) and
-        becomes the step's Outcome, ending the rollout there as the env oracle's verdict does. An adapter
-        without the setting gives no outcomes, and its text is kept as it is."""
+    def _add_prediction(self, r: Rollout, text: str | None, confidence: float | None, cut: bool = False) -> None:
+        """Append a learned simulator's prediction to `r` (`cut`: its token limit ended it). A simulator trained
+        with verdicts (its PromptSettings.verdicts) ends the reply to a step that ends the episode with a verdict
+        line: it is split off (the text is what expectations and pivots compare with real observations, which
+        carry none) and becomes the step's Outcome, ending the rollout there as the env oracle's verdict does. An
+        adapter without the setting gives no outcomes, and its text is kept as it is."""
         verdict = None
         if text is not None and self.planner.prompts.simulator_settings.verdicts:
             text, verdict = split_verdict(text)
+        if cut:
+            r.cut.add(len(r.predicted))
         r.predicted.append(text)
         r.confidence.append(confidence)
         if self.planner.prompts.simulator_settings.verdicts:

@@ -14,7 +14,9 @@ evidence (what was expected and what was seen, counts, thresholds).
 Rules (default severities):
     error_observation       error   the env flagged the action, or its observation reads like an error
     expectation_mismatch    error   similarity(expected, real observation) below the threshold (token F1,
-                                    difflib's ratio, or the cosine of the engine's embeddings: `embedding`)
+                                    difflib's ratio, or the cosine of the engine's embeddings: `embedding`);
+                                    a prediction the simulator's token limit cut is compared with as many of
+                                    the observation's first words (`cut_expectations: prefix`)
     repeated_action         warning the same action N times in a row, or the same (action, observation) N times
     no_progress             warning no score increase for N steps (since the last replan)
     score_drop              error   the score fell by more than `min_drop`
@@ -39,7 +41,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from simplan.core.text import SIMILARITIES, normalize, similarity
+from simplan.core.text import SIMILARITIES, leading_words, normalize, similarity
 from simplan.data.format import ERROR_RULE
 from simplan.envs.failures import FailureRules, looks_like_error
 from simplan.envs.subgoals import Fact, fact_differences
@@ -48,6 +50,7 @@ from simplan.inference.planning.trace_events import SEVERITIES, PivotEvent
 
 BAN_WHERE = ("observation", "belief")  # PivotConfig.ban_where: what a ban's state key reads
 METHODS = (*SIMILARITIES, "embedding")  # the mismatch rule's similarities: core/text.py's and the engine's
+CUT_EXPECTATIONS = ("prefix", "whole")  # what a prediction cut by its token limit is compared with
 
 
 def observation_similarity(
@@ -66,6 +69,22 @@ def observation_similarity(
     return max(0.0, cosine(a, b))
 
 
+def expectation_match(
+    expected: str,
+    observed: str,
+    method: str,
+    cut: bool = False,
+    cut_expectations: str = "prefix",
+    embed: Callable[[list[str]], list[list[float]]] | None = None,
+) -> tuple[float, str]:
+    """How far a real observation meets its expectation: (similarity in [0, 1], the observed text compared). An
+    expectation `cut` by the simulator's token limit says only how the observation starts: with `prefix`
+    it is compared with the observation's first as many words (core/text.py leading_words), with `whole` with
+    all of it (a long observation then reads as a mismatch however right its start was)."""
+    compared = leading_words(observed, expected) if cut and cut_expectations == "prefix" else observed
+    return observation_similarity(expected, compared, method, embed), compared
+
+
 @dataclass
 class StepRecord:
     """One real step as the rules see it."""
@@ -82,6 +101,7 @@ class PivotContext:
 
     history: list[StepRecord]
     expectation: str | None = None  # predicted observation for the last step
+    expectation_cut: bool = False  # the prediction ended at the simulator's token limit (finish_reason "length")
     since_replan: int = 0  # real steps since the last replan (the last step included)
     score_before: float = 0.0  # score before the last step
     max_steps: int = 0  # 0: no limit
@@ -189,6 +209,7 @@ class ExpectationMismatch:
 
     threshold: float = 0.75
     method: str = "token_f1"
+    cut_expectations: str = "prefix"  # CUT_EXPECTATIONS: what a prediction cut by its token limit is compared with
     severity: str = "error"
     name: str = "expectation_mismatch"
 
@@ -198,26 +219,34 @@ class ExpectationMismatch:
             raise ValueError(f"expectation mismatch threshold: must be in [0, 1], got {self.threshold}")
         if self.method not in METHODS:
             raise ValueError(f"similarity method {self.method!r} is not one of {METHODS}")
+        if self.cut_expectations not in CUT_EXPECTATIONS:
+            raise ValueError(f"cut_expectations {self.cut_expectations!r} is not one of {CUT_EXPECTATIONS}")
 
     def check(self, ctx: PivotContext) -> PivotEvent | None:
         if ctx.expectation is None:
             return None
-        sim = observation_similarity(ctx.expectation, ctx.last.observation, self.method, ctx.embed)
+        observed = ctx.last.observation
+        sim, compared = expectation_match(
+            ctx.expectation, observed, self.method, ctx.expectation_cut, self.cut_expectations, ctx.embed
+        )
         if sim >= self.threshold:
             return None
+        evidence = {
+            "action": ctx.last.action_key,
+            "expected": ctx.expectation,
+            "observed": observed,
+            "similarity": round(sim, 4),
+            "threshold": self.threshold,
+            "method": self.method,
+        }
+        if ctx.expectation_cut:  # only then, so the events of uncut predictions read as before
+            evidence |= {"expectation_cut": True, "compared": compared}
         return PivotEvent(
             rule=self.name,
             severity=self.severity,
-            evidence={
-                "action": ctx.last.action_key,
-                "expected": ctx.expectation,
-                "observed": ctx.last.observation,
-                "similarity": round(sim, 4),
-                "threshold": self.threshold,
-                "method": self.method,
-            },
-            message=f"expected {ctx.expectation!r}, saw {ctx.last.observation!r} ({self.method} {sim:.2f} < "
-            f"{self.threshold})",
+            evidence=evidence,
+            message=f"expected {ctx.expectation!r}{' (cut at its token limit)' if ctx.expectation_cut else ''}, "
+            f"saw {observed!r} ({self.method} {sim:.2f} < {self.threshold})",
         )
 
 
@@ -439,6 +468,14 @@ class PivotConfig:
             "states, hf only; its scale differs from token F1's: set mismatch_threshold with it)"
         ),
     )
+    cut_expectations: str = field(
+        default="prefix",
+        metadata=_help(
+            "expectation_mismatch on a prediction cut by sampling.simulator_max_tokens: 'prefix' compares it with "
+            "the real observation's first as many words, 'whole' with all of it (a long observation then misses "
+            "however right its start was)"
+        ),
+    )
     embedding_adapter: str = field(
         default="", metadata=_help("similarity embedding: the model that embeds ('' the base model, or an adapter)")
     )
@@ -501,6 +538,10 @@ class PivotConfig:
             raise ValueError(f"pivot_rules.ban_where: {self.ban_where!r} is not one of {', '.join(BAN_WHERE)}")
         if self.similarity not in METHODS:
             raise ValueError(f"pivot_rules.similarity: {self.similarity!r} is not one of {', '.join(METHODS)}")
+        if self.cut_expectations not in CUT_EXPECTATIONS:
+            raise ValueError(
+                f"pivot_rules.cut_expectations: {self.cut_expectations!r} is not one of {', '.join(CUT_EXPECTATIONS)}"
+            )
 
 
 def default_rules(
@@ -511,7 +552,7 @@ def default_rules(
     c = config if config is not None else PivotConfig()
     rules: list[PivotRule] = [
         ErrorObservation(patterns=error_patterns),
-        ExpectationMismatch(threshold=c.mismatch_threshold, method=c.similarity),
+        ExpectationMismatch(threshold=c.mismatch_threshold, method=c.similarity, cut_expectations=c.cut_expectations),
         RepeatedAction(limit=c.repeat_limit),
         NoProgress(steps=c.no_progress_steps),
         ScoreDrop(min_drop=c.min_score_drop),

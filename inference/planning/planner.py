@@ -101,7 +101,7 @@ from simplan.inference.planning.pivots import (
     StepRecord,
     TransientError,
     default_rules,
-    observation_similarity,
+    expectation_match,
 )
 from simplan.inference.planning.prompt_fit import PromptFitter, approx_token_counter, locked
 from simplan.inference.planning.prompts import PlannerPrompts
@@ -353,6 +353,7 @@ class Planner:
             ctx = PivotContext(
                 history=ep.records,
                 expectation=item.expectation,
+                expectation_cut=item.expectation_cut,
                 since_replan=ep.since_replan,
                 score_before=ep.score_before_last,
                 max_steps=b.max_steps,
@@ -538,9 +539,11 @@ class Planner:
         match = None
         if item.expectation is not None:
             embed = self._embedder(ep) if self.embeds else None
-            match = round(
-                observation_similarity(item.expectation, obs.text, self.config.pivot_rules.similarity, embed), 4
+            rules = self.config.pivot_rules
+            sim, _ = expectation_match(
+                item.expectation, obs.text, rules.similarity, item.expectation_cut, rules.cut_expectations, embed
             )
+            match = round(sim, 4)
         error = bool(obs.error)
         ep.past.append((item.action, obs.text, error))
         ep.records.append(StepRecord(item.action.key(), obs.text, float(result.score), error))
