@@ -462,7 +462,7 @@ def test_flywheel_twx_recipe_continues_the_demo(monkeypatch) -> None:
     harvest = flywheel.stage("harvest").command
     assert "--suite twx-train-small" in harvest and "--episodes 0" in harvest  # all 32 tasks
     assert "--max_steps" not in harvest  # each under its own cap, like the eval
-    assert "--suite twx-dev --arms reactive,simplan --episodes 4 " in flywheel.stage("eval").command
+    assert "--suite twx-dev --arms reactive,simplan --episodes 5 " in flywheel.stage("eval").command
     check = flywheel.stage("simulator-check").command
     assert f"--runs {cfg.before}" in check and "--max_prompt_tokens 640" in check and "--limit 120" in check
     assert "--oversample" in flywheel.stage("build-simulator").command and "--oversample" not in check

@@ -260,7 +260,7 @@ def test_stage_configs_come_from_the_recipes(tmp_path, monkeypatch, capsys) -> N
     assert collect_dev["limit"] == 3 and collect_dev["workers"] == 2
     assert pipeline.stage("build-simulator").config["build"]["max_prompt_tokens"] == 640
     eval_stage = pipeline.stage("eval")
-    assert eval_stage.config["eval"]["concurrency"] == 12 and eval_stage.config["eval"]["episodes"] == 4
+    assert eval_stage.config["eval"]["concurrency"] == 12 and eval_stage.config["eval"]["episodes"] == 5
     assert "max_steps" not in eval_stage.config["eval"]  # each task's cap comes from its expert path (the suite's)
     assert eval_stage.config["eval"]["arm_overrides"]["simplan"] == {
         "horizon": 1,
