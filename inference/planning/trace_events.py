@@ -179,7 +179,9 @@ class ActEvent(TraceEvent):
     # gave no verdict (a simulator without verdicts) or nothing was predicted (whether the acts record it at all:
     # the start event's act_verdicts).
     expected_verdict: str | None = None
-    match: float | None = None  # similarity of observation and expectation in [0, 1]
+    # similarity of observation and expectation in [0, 1]; an expectation the simulator's token limit cut is compared
+    # with the observation's first as many words (pivot_rules.cut_expectations: prefix), as the mismatch pivot does
+    match: float | None = None
     error: bool = False
     reward: float = 0.0
     score: float = 0.0
