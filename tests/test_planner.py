@@ -362,7 +362,7 @@ def test_a_judge_that_reads_no_prediction_imagines_only_the_committed_candidate(
     # the TWX demo's simplan: horizon 1, the judge's text parts at 0; the others' observations cannot change the choice
     off = {"error": 0.0, "progress": 0.0, "repeat": 0.0}
     lazy_engine, _ = oracle_engine(confidence=0.5)
-    lazy = run(lazy_engine, config(k=3, horizon=1, judge=off))
+    lazy = run(lazy_engine, config(k=3, horizon=1, judge=off, imagination={"draft_expectations": False}))
     full_engine, _ = oracle_engine(confidence=0.5)
     full = run(full_engine, config(k=3, horizon=1, judge={**off, "repeat": -1e-9}))  # reads them: all imagined
     assert lazy.summary.success and full.summary.success
@@ -379,6 +379,32 @@ def test_a_judge_that_reads_no_prediction_imagines_only_the_committed_candidate(
     deeper_engine, _ = oracle_engine(confidence=0.5)
     deeper = run(deeper_engine, config(k=3, horizon=2, judge=off))
     assert all(len(c.predicted) >= 1 for e in events(deeper, "imagine") for c in e.candidates)
+
+
+def test_the_committed_expectation_is_generated_after_the_step_with_the_observation_as_its_draft():
+    # imagination.draft_expectations (on by default): the same expectations, requested once the real step is known
+    off = {"error": 0.0, "progress": 0.0, "repeat": 0.0}
+    runs = {}
+    for draft in (False, True):
+        engine, _ = oracle_engine(confidence=0.5)
+        runs[draft] = engine, run(engine, config(k=3, horizon=1, judge=off, imagination={"draft_expectations": draft}))
+    (before_engine, before), (after_engine, after) = runs[False], runs[True]
+    assert after.summary.success
+    acts = events(after, "act")
+    assert [(a.action, a.expectation, a.match) for a in acts] == [
+        (a.action, a.expectation, a.match) for a in events(before, "act")
+    ]
+    assert all(a.expectation for a in acts)
+    for decision in events(after, "imagine"):
+        assert not any(c.predicted for c in decision.candidates) and "after its real step" in decision.reason
+    simulated = after_engine.requests("simulate")
+    assert [r.draft for r in simulated] == [a.observation for a in acts]  # each after its step, with what it saw
+    assert [r.messages for r in simulated] == [r.messages for r in before_engine.requests("simulate")]
+    assert all(r.draft is None for r in before_engine.requests("simulate"))
+    # a judge that reads predictions, or a deeper horizon, needs them before choosing: nothing is deferred
+    reads_engine, _ = oracle_engine(confidence=0.5)
+    run(reads_engine, config(k=3, horizon=1, judge={**off, "repeat": -1e-9}))
+    assert all(r.draft is None for r in reads_engine.requests("simulate"))
 
 
 def test_config_presets_and_validation():

@@ -5,11 +5,14 @@
 The reference is the same engine without a session (the cold, one-call path). A session's later prompts
 must give the same greedy tokens and the same logprobs and scores (max abs difference < 1e-4 in float32)
 while reporting the shared tokens as `cached_tokens`; a prompt diverging inside the cached part, an
-adapter, a batch mixing sessions, sampling with n > 1 and `end_session` are each checked.
+adapter, a batch mixing sessions, sampling with n > 1 and `end_session` are each checked. Drafts (a greedy
+request's guess at its completion, checked in one forward) must give the same completion as without one, right,
+wrong or half right, and a right one must need no decode step.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -273,3 +276,88 @@ def test_the_engine_option_reaches_the_hf_backend(tiny):
     eng.close()
     with pytest.raises(ValueError, match="prefix_cache_sessions"):
         HFOptions(prefix_cache_sessions=-1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Drafts (base.py "Drafts"): the same greedy completion with fewer decode steps
+
+
+def drafted(messages, draft, adapter=None, session=None, max_tokens=8) -> GenerationRequest:
+    return GenerationRequest(
+        adapter=adapter, messages=messages, max_tokens=max_tokens, logprobs=True, session=session, draft=draft
+    )
+
+
+def text_of(engine, messages, adapter=None, max_tokens=8) -> str:
+    (res,) = engine.generate([drafted(messages, None, adapter, max_tokens=max_tokens)])
+    return res.completions[0].text
+
+
+@pytest.mark.parametrize("adapter", [None, "decider"])
+def test_a_draft_gives_the_greedy_completion_right_wrong_or_half_right(engine, adapter):
+    plain = engine.generate([gen(m, adapter) for m in (TURN1, TURN2, BRANCH)])
+    right = text_of(engine, TURN2, adapter)
+    half = engine.tokenizer.decode(plain[1].completions[0].token_ids[:3]) + " something else entirely"
+    drafts = [right, "zebra " * 20, half]
+    for session in (None, f"draft-{adapter}"):
+        for draft in drafts:
+            got = engine.generate([drafted(m, draft, adapter, session) for m in (TURN1, TURN2, BRANCH)])
+            same_generation(got, plain)
+            for g, p in zip(got, plain):
+                c, q = g.completions[0], p.completions[0]
+                assert (c.text, c.finish_reason, c.num_tokens) == (q.text, q.finish_reason, q.num_tokens)
+                assert abs(c.min_logprob - q.min_logprob) < TOL
+        if session:
+            engine.end_session(session)
+
+
+def test_a_draft_past_the_end_stops_where_greedy_stops(engine):
+    """A draft longer than max_tokens, or running on past the model's end of text, is cut where greedy is."""
+    for max_tokens in (1, 3, 40):
+        (plain,) = engine.generate([drafted(TURN2, None, max_tokens=max_tokens)])
+        text = plain.completions[0].text
+        for draft in (text, text + " and more words after it", ""):
+            (got,) = engine.generate([drafted(TURN2, draft, max_tokens=max_tokens)])
+            assert got.completions[0].token_ids == plain.completions[0].token_ids
+            assert got.completions[0].finish_reason == plain.completions[0].finish_reason
+
+
+def test_drafted_and_plain_requests_of_two_adapters_in_one_call(engine):
+    reqs = [
+        drafted(TURN1, text_of(engine, TURN1), None, "mix-a"),
+        gen(TURN2, "decider", "mix-b"),
+        drafted(BRANCH, "go east", "decider", "mix-c"),
+        drafted(TURN2, "nothing like it", None),
+    ]
+    cold = engine.generate([dataclasses.replace(r, draft=None, session=None) for r in reqs])
+    same_generation(engine.generate(reqs), cold)
+    for s in ("mix-a", "mix-b", "mix-c"):
+        engine.end_session(s)
+
+
+def test_sampling_and_constrained_requests_ignore_the_draft(engine):
+    """Only greedy, unconstrained requests check a draft: a sampled one's output does not depend on it."""
+    for kw in ({"temperature": 0.8, "n": 3, "seed": 7}, {"regex": "(go|take) [a-z]+"}):
+        (a,) = engine.generate([gen(TURN2, **kw)])  # one call each: a sampled batch's rows share one generator
+        (b,) = engine.generate([gen(TURN2, draft="take key", **kw)])
+        assert [c.text for c in a.completions] == [c.text for c in b.completions]
+
+
+def test_a_right_draft_needs_no_decode_step(engine, monkeypatch):
+    """A draft of k right tokens gives k + 1 tokens in one forward: no decode step up to max_tokens k + 1."""
+    (plain,) = engine.generate([drafted(TURN2, None, max_tokens=8)])
+    ids = plain.completions[0].token_ids
+
+    def reencodes(k: int) -> bool:  # a random model's "\n\n" re-encodes as one token, not two
+        text = engine.tokenizer.decode(ids[:k], skip_special_tokens=True)
+        return prompt_ids(engine.tokenizer, GenerationRequest(prompt=text)) == ids[:k]
+
+    k = max(k for k in range(1, 8) if reencodes(k))
+    draft = engine.tokenizer.decode(ids[:k], skip_special_tokens=True)
+    calls = []
+    decode = engine._generate_batch
+    monkeypatch.setattr(engine, "_generate_batch", lambda *a, **kw: calls.append(1) or decode(*a, **kw))
+    (got,) = engine.generate([drafted(TURN2, draft, max_tokens=k + 1)])
+    assert got.completions[0].token_ids == ids[: k + 1] and calls == []
+    (got,) = engine.generate([drafted(TURN2, draft, max_tokens=8)])  # past the draft's tokens: decoded
+    assert got.completions[0].token_ids == ids and len(calls) == 1

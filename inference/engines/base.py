@@ -16,6 +16,10 @@ per-session state (the hf prefix cache) implements `SessionEngine.end_session`, 
 `MeteredEngine` stamps its session on every request and forwards `end_session` where the backend has it.
 A session is a hint for reuse, never for correctness: a cached prefix is used only where the new
 prompt's tokens start with it.
+Drafts: a greedy request may carry a `draft`, a guess at its completion (the planner's: the real observation a
+prediction is compared with). A backend that checks drafts (hf) runs the prompt and the draft in one forward and
+keeps the draft's leading tokens that are the model's own greedy choices, so those tokens cost no decode steps;
+the completion is the one greedy decoding gives without the draft. Backends that do not check drafts ignore it.
 Constrained decoding: `choices` (output is exactly one of them), `regex`, or `json_schema`; a
 backend that cannot honour one raises `NotImplementedError` naming the backend and the option.
 
@@ -54,6 +58,9 @@ class GenerationRequest:
     seed: int | None = None
     tag: str = ""  # caller's label (e.g. "decide", "simulate") for accounting
     session: str | None = None  # the caller's episode: backends may reuse its earlier prompts' prefill
+    # A guess at the completion, for a greedy request: the same output, fewer decode steps where the guess is right
+    # (module docstring, "Drafts"); never part of the prompt.
+    draft: str | None = None
 
     def __post_init__(self) -> None:
         if (self.messages is None) == (self.prompt is None):

@@ -35,6 +35,11 @@ keys and values x 3 KV heads x 64), so 16 sessions x 2 adapters x 600 tokens is 
 bf16). Models whose cache is not a plain DynamicCache (sliding windows) run without it. Results
 report `cached_tokens`: the prompt tokens reused instead of prefilled.
 
+Drafts (base.py "Drafts"): a greedy request with a `draft` runs its prompt and the draft in one forward and
+keeps the draft's leading tokens that are the model's greedy choices, plus the choice after them; only what is
+left decodes, prefilled from the session's cache. The completion is greedy decoding's (float32: the same tokens;
+the one forward's logits differ from decoding's by summation order).
+
 KV caches grow in place (kv_cache.py `GrowingLayer`, switch: `growing_kv`): keys and values live in
 buffers with spare room instead of DynamicCache's torch.cat of the whole cache at every decoded token.
 A generate call's buffers get room for its max_tokens at prefill; a session's cached prompt keeps at
@@ -45,6 +50,7 @@ Models whose cache is not a plain DynamicCache keep transformers' caches.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -77,6 +83,20 @@ from simplan.inference.engines.token_trie import inner_nodes, path_logprobs, tok
 
 BACKEND = "hf"
 TRIE_CANDIDATES = 256  # candidates scored in one token tree over a shared prompt (bounds its logits' memory)
+
+
+def checks_draft(r: GenerationRequest) -> bool:
+    """Whether this backend checks the request's draft (base.py "Drafts"): greedy decoding of one completion with no
+    constraint or stop string, where each draft token is exactly one that greedy decoding takes or not."""
+    return (
+        r.draft is not None
+        and r.temperature == 0
+        and r.n == 1
+        and not r.stop
+        and r.regex is None
+        and r.json_schema is None
+        and r.choices is None
+    )
 
 
 class HFPeftEngine:
@@ -164,9 +184,12 @@ class HFPeftEngine:
         results: list[GenerationResult | None] = [None] * len(requests)
         with timer() as t:
             free: dict[tuple, list[int]] = defaultdict(list)
+            drafted: dict[tuple, list[int]] = defaultdict(list)
             for i, r in enumerate(requests):
                 if r.choices is not None:
                     results[i] = self._choose(r)
+                elif checks_draft(r):
+                    drafted[(r.adapter, r.logprobs)].append(i)
                 else:
                     key = (
                         r.adapter,
@@ -186,6 +209,11 @@ class HFPeftEngine:
                     chunk = idx[k : k + step]
                     for i, res in zip(chunk, self._generate_batch([requests[i] for i in chunk])):
                         results[i] = res
+            for idx in drafted.values():
+                for k in range(0, len(idx), self.batch_size):
+                    chunk = idx[k : k + self.batch_size]
+                    for i, res in zip(chunk, self._drafted([requests[i] for i in chunk])):
+                        results[i] = res
         out = [r for r in results if r is not None]
         for r in out:
             r.seconds = t[0] / len(out)
@@ -201,17 +229,22 @@ class HFPeftEngine:
             mask[i, width - len(r) :] = 1
         return ids.to(self.device), mask.to(self.device)
 
-    def _generate_batch(self, reqs: list[GenerationRequest]) -> list[GenerationResult]:
-        """Same adapter and sampling settings: one left-padded `generate` call."""
+    def _generate_batch(
+        self, reqs: list[GenerationRequest], prompts: list[list[int]] | None = None
+    ) -> list[GenerationResult]:
+        """Same adapter and sampling settings: one left-padded `generate` call. `prompts`: the rows' token ids
+        where they are not the requests' own prompts (a drafted request's continuation); a row stops at its own
+        max_tokens."""
         from transformers import GenerationConfig
 
         torch = self.torch
         r0 = reqs[0]
-        prompts = [prompt_ids(self.tokenizer, r) for r in reqs]
+        prompts = prompts if prompts is not None else [prompt_ids(self.tokenizer, r) for r in reqs]
         ids, mask = self._left_pad(prompts)
         sample = r0.temperature > 0
+        width = max(r.max_tokens for r in reqs)
         gen = GenerationConfig(
-            max_new_tokens=r0.max_tokens,
+            max_new_tokens=width,
             do_sample=sample,
             temperature=r0.temperature if sample else None,
             top_p=r0.top_p if sample else None,
@@ -236,7 +269,7 @@ class HFPeftEngine:
                 cache["past_key_values"], reused = self._stacked_prefill(reqs, prompts)
             elif self.growing_kv:
                 # Room for the whole decode: the buffers are allocated once, at the prompt's prefill.
-                cache["past_key_values"] = growing_cache(self._kv_layers, spare=r0.max_tokens)
+                cache["past_key_values"] = growing_cache(self._kv_layers, spare=width)
             if r0.seed is not None:
                 torch.manual_seed(r0.seed)
             out = self.model.generate(
@@ -258,7 +291,7 @@ class HFPeftEngine:
             comps = []
             for j in range(r.n):
                 row = i * r.n + j
-                tokens, reason = self._cut(new[row], r.stop)
+                tokens, reason = self._cut(new[row][: r.max_tokens], r.stop)
                 text = truncate_at_stop(self.tokenizer.decode(tokens, skip_special_tokens=True), r.stop)[0]
                 lp = low = None
                 if logps is not None:
@@ -277,15 +310,66 @@ class HFPeftEngine:
             results.append(GenerationResult(comps, len(prompts[i]), sum(c.num_tokens for c in comps), 0.0, reused[i]))
         return results
 
+    def _drafted(self, reqs: list[GenerationRequest]) -> list[GenerationResult]:
+        """Greedy requests of one adapter with a draft (base.py "Drafts"): each prompt and its draft run in one
+        forward (from the session's cached prefix), which gives the model's greedy choice after the prompt and after
+        each draft token. The draft's leading tokens that are those choices, and the choice after them, are the
+        completion's first tokens, as greedy decoding would produce them; the requests not ended by then (no end of
+        text, under max_tokens) decode the rest together from their prompt and those tokens, whose prefill the
+        session's cache holds. A right draft costs one forward instead of a decode step per token."""
+        torch = self.torch
+        heads: list[tuple[list[int], list[float]]] = []  # per request: the tokens kept so far, their logprobs
+        prompts, reused = [], []
+        for r in reqs:
+            p = prompt_ids(self.tokenizer, r)
+            d = encode(self.tokenizer, r.draft or "")[: r.max_tokens]
+            with self._use(r.adapter), torch.inference_mode():
+                _, logits, k = self._prefill(r.session, r.adapter, p + d, keep=len(d) + 1)
+            logps = torch.log_softmax(logits.float(), dim=-1).cpu()  # row i: the next token after p + d[:i]
+            greedy = logps.argmax(-1).tolist()
+            j = next((i for i, (g, t) in enumerate(zip(greedy, d)) if g != t), len(d))
+            kept = (d[:j] + [greedy[j]])[: r.max_tokens]
+            if self.eos_id in kept:
+                kept = kept[: kept.index(self.eos_id) + 1]
+            heads.append((kept, [float(logps[i, t]) for i, t in enumerate(kept)]))
+            prompts.append(p)
+            reused.append(min(k, len(p)))
+        rest = [i for i, (kept, _) in enumerate(heads) if kept[-1] != self.eos_id and len(kept) < reqs[i].max_tokens]
+        tails: dict[int, Completion] = {}
+        if rest:
+            more = [dataclasses.replace(reqs[i], max_tokens=reqs[i].max_tokens - len(heads[i][0])) for i in rest]
+            done = self._generate_batch(more, [prompts[i] + heads[i][0] for i in rest])
+            tails = {i: res.completions[0] for i, res in zip(rest, done)}
+        results = []
+        for i, r in enumerate(reqs):
+            tokens, values = heads[i]
+            low = min(values) if values else None
+            if (tail := tails.get(i)) is not None:
+                tokens = tokens + (tail.token_ids or [])
+                if r.logprobs and tail.logprob is not None:
+                    values = values + [tail.logprob]  # the tail's sum
+                    low = tail.min_logprob if low is None or tail.min_logprob is None else min(low, tail.min_logprob)
+            comp = Completion(
+                text=self.tokenizer.decode(tokens, skip_special_tokens=True),
+                num_tokens=len(tokens),
+                finish_reason="stop" if self.eos_id in tokens else "length",
+                logprob=float(sum(values)) if r.logprobs else None,
+                token_ids=list(tokens),
+                min_logprob=low if r.logprobs else None,
+            )
+            results.append(GenerationResult([comp], len(prompts[i]), len(tokens), 0.0, reused[i]))
+        return results
+
     # ------------------------------------------------------------------ prefix cache
     def _prefill(
-        self, session: str | None, adapter: str | None, ids: list[int], need_logits: bool
+        self, session: str | None, adapter: str | None, ids: list[int], keep: int = 0
     ) -> tuple[Any, Any, int]:
-        """(KV cache of `ids`, logits after its last token or None, tokens reused from the session's cache).
+        """(KV cache of `ids`, the logits after each of its last `keep` tokens [keep, vocab] or None when `keep`
+        is 0, tokens reused from the session's cache).
 
         Runs under the caller's adapter and inference mode. Only the tokens after the longest common prefix
-        with the session's cached prompt run (at least one when `need_logits`); the result becomes the
-        session's cached prompt for `adapter`."""
+        with the session's cached prompt run (at least the last `keep`); the result becomes the session's
+        cached prompt for `adapter`."""
         from transformers import DynamicCache
 
         torch = self.torch
@@ -293,8 +377,8 @@ class HFPeftEngine:
         reuse = 0
         if prefix is not None:
             reuse = common_prefix(prefix.tokens, ids)
-            if need_logits:
-                reuse = min(reuse, len(ids) - 1)
+            if keep:
+                reuse = min(reuse, len(ids) - keep)
         if reuse > 0:
             kv = prefix.kv
             crop(kv, reuse)
@@ -308,9 +392,9 @@ class HFPeftEngine:
                 input_ids=torch.tensor([ids[reuse:]], device=self.device),
                 past_key_values=kv,
                 use_cache=True,
-                logits_to_keep=1,
+                logits_to_keep=max(keep, 1),
             )
-            kv, logits = out.past_key_values, out.logits[0, -1]
+            kv, logits = out.past_key_values, (out.logits[0, -keep:] if keep else None)
         if self.prefixes is not None and session:
             for layer in kv.layers:
                 if isinstance(layer, GrowingLayer):
@@ -329,11 +413,11 @@ class HFPeftEngine:
         n = reqs[0].n
         width = max(len(p) for p in prompts) - 1
         # Growing: room for the decode (generate reruns each last prompt token, then max_tokens - 1 more).
-        room = reqs[0].max_tokens if self.growing_kv else 0
+        room = max(r.max_tokens for r in reqs) if self.growing_kv else 0
         batch: list[tuple[Any, Any]] = []  # per layer: (keys, values) [rows, heads, width + room, head_dim]
         reused = []
         for i, (r, p) in enumerate(zip(reqs, prompts)):
-            kv, _, k = self._prefill(r.session, r.adapter, p, need_logits=False)
+            kv, _, k = self._prefill(r.session, r.adapter, p)
             reused.append(min(k, len(p) - 1))
             if not batch:
                 batch = [
@@ -460,7 +544,7 @@ class HFPeftEngine:
         # nodes or more when the candidates are short actions).
         inner = inner_nodes(parents)
         with torch.inference_mode():
-            kv, last, reused = self._prefill(session, adapter, prompt, need_logits=True)
+            kv, last, reused = self._prefill(session, adapter, prompt, keep=1)
             try:
                 logits = self.model(
                     input_ids=torch.tensor([tokens], device=dev),
@@ -472,7 +556,7 @@ class HFPeftEngine:
             finally:
                 crop(kv, start)  # the trie's tokens off again: the cache may be the session's prefix
         # The prompt's last position predicts each first token; trie node i predicts its children.
-        first = torch.log_softmax(last.float(), dim=-1).cpu()
+        first = torch.log_softmax(last[0].float(), dim=-1).cpu()
         logps = torch.log_softmax(logits[0], dim=-1).cpu()
         result = path_logprobs(tokens, paths, first, logps, rows={node: i for i, node in enumerate(inner)})
         return result, reused

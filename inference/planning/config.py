@@ -146,6 +146,14 @@ class ImaginationConfig:
     )
     cache: bool = field(default=True, metadata=_help("cache simulator predictions by (state, action)"))
     cache_history: int = field(default=2, metadata=_help("history steps that are part of a cached state's key"))
+    draft_expectations: bool = field(
+        default=True,
+        metadata=_help(
+            "when only the committed candidate's prediction is needed (horizon 1, a judge that reads none), generate "
+            "it after the real step with the real observation as the decoding draft: the same greedy text, in one "
+            "forward where the simulator foresaw the step (hf backend; others decode it all)"
+        ),
+    )
     widen_lost: int = field(
         default=2,
         metadata=_help(

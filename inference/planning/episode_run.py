@@ -21,7 +21,7 @@ from simplan.core.text import normalize
 from simplan.data.episode import EpisodeState
 from simplan.envs.base import Action, Observation, Task
 from simplan.envs.subgoals import describe_belief
-from simplan.inference.engines.base import MeteredEngine
+from simplan.inference.engines.base import GenerationRequest, MeteredEngine
 from simplan.inference.planning.judge import JudgeMemory
 from simplan.inference.planning.pivots import StepRecord
 from simplan.inference.planning.router import Budgets
@@ -39,12 +39,22 @@ def digest_key(*parts: Any) -> str:
 
 
 @dataclass
+class PendingExpectation:
+    """A committed action's prediction left for after its real step (imagination.draft_expectations): the simulator
+    request, made from the state the action was decided in, and its key in the prediction cache."""
+
+    request: GenerationRequest
+    key: tuple[str, str]
+
+
+@dataclass
 class Queued:
     action: Action
     expectation: str | None
     source: str  # plan | reactive | fallback | backtrack
     verdict: str | None = None  # the ending predicted for this step (won | lost), traced on its act event
     expectation_cut: bool = False  # the simulator's token limit cut the expectation (pivots compare its start)
+    pending: PendingExpectation | None = None  # the expectation, generated when the real observation is known
 
 
 @dataclass

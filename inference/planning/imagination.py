@@ -18,6 +18,8 @@ One decision, as the planning loop (planner.py) calls it when its queue is empty
    At horizon 1, when the judge reads no prediction (judge.py `reads_predictions`: its text parts at 0, a text
    simulator without verdicts), the candidates are judged first and only the committed one is imagined: the
    others' observations could not change the choice, and the committed one's is the expectation pivots check.
+   That one is generated after the real step (`draft_expectations`), with the real observation as the engine's
+   decoding draft: the same greedy text, in one forward where the simulator foresaw the step (`expect`).
 3. Judge: judge.py scores each rollout with explicit, logged parts.
 4. Commit: the best rollout's actions are queued with their expectations, cut before the first predicted error
    or loss; the imagine and commit events go into the trace.
@@ -36,6 +38,7 @@ from simplan.data.episode import EpisodeState
 from simplan.data.format import (
     PromptState,
     decider_messages,
+    observation_completion,
     simulator_messages,
     split_outcome,
     split_verdict,
@@ -46,7 +49,7 @@ from simplan.envs.actions import argument_problem, call_regex, render_action
 from simplan.envs.base import Action, ActionParseError, action_key_of_text, env_extra
 from simplan.envs.subgoals import env_facts
 from simplan.inference.engines.base import GenerationRequest, GenerationResult
-from simplan.inference.planning.episode_run import EpisodeRun, Queued, digest_key
+from simplan.inference.planning.episode_run import EpisodeRun, PendingExpectation, Queued, digest_key
 from simplan.inference.planning.judge import Outcome, is_finish
 from simplan.inference.planning.oracle import EnvOracle, OracleError, executed_actions, same_env_factory
 from simplan.inference.planning.outcomes import OutcomeJudge, outcome_probabilities, outcome_request
@@ -73,6 +76,7 @@ class Rollout:
     # trained with verdicts (PromptSettings.verdicts); empty for a simulator without them.
     outcomes: list[Outcome | None] = field(default_factory=list)
     cut: set[int] = field(default_factory=set)  # indices of the predictions the simulator's token limit cut
+    pending: PendingExpectation | None = None  # the first prediction, left for after the real step
 
 
 def _first_lost(r: Rollout) -> bool:
@@ -229,8 +233,11 @@ class Imagination:
         ]
         best = max(range(len(scores)), key=lambda i: (scores[i][1], -i))
         if committed_only:  # the choice is made: imagine the committed candidate's observation, its expectation
-            hits += self._rollout(ep, [rollouts[best]], horizon, allowed)
-            how += "; only the committed candidate imagined: the judge reads no prediction"
+            if self.planner.config.imagination.draft_expectations and self._defer(ep, rollouts[best], allowed):
+                how += "; only the committed candidate imagined, after its real step: the judge reads no prediction"
+            else:
+                hits += self._rollout(ep, [rollouts[best]], horizon, allowed)
+                how += "; only the committed candidate imagined: the judge reads no prediction"
         records = [
             CandidateRecord(
                 index=i,
@@ -245,6 +252,43 @@ class Imagination:
             for i, (r, (parts, total)) in enumerate(zip(rollouts, scores))
         ]
         return rollouts, records, best, hits, how
+
+    def _defer(self, ep: EpisodeRun, rollout: Rollout, allowed: list[str] | None) -> bool:
+        """Leave the one-step rollout's prediction for after its real step (imagination.draft_expectations), unless
+        the cache holds it; False when it does (nothing deferred: `_rollout` takes it from the cache)."""
+        state = self._imagined_state(ep, rollout, allowed)
+        key = self._cache_key(state, rollout.actions[0])
+        if self.planner.config.imagination.cache and key in self.cache:
+            return False
+        rollout.pending = PendingExpectation(self._simulate_request(state, rollout.actions[0]), key)
+        return True
+
+    def expect(self, ep: EpisodeRun, pending: PendingExpectation, observed: str) -> tuple[str | None, bool]:
+        """A deferred prediction (`_defer`), generated now that the real observation is known and given to the
+        engine as the decoding draft (inference/engines/base.py "Drafts"): the text greedy decoding gives without
+        it, in one forward where the simulator foresaw the step. Returns (the expectation, whether the token limit
+        cut it), cached as `_rollout` caches predictions."""
+        request = dataclasses.replace(pending.request, draft=observation_completion(observed))
+        (res,) = self._generate(ep, [request])
+        text = res.completions[0].text.strip() if res.completions else ""
+        if not text:
+            self.planner._parse_failure(ep, "simulator", text, "empty prediction", "dropped")
+            return None, False
+        confidence = res.completions[0].mean_logprob
+        cut = res.completions[0].finish_reason == "length"
+        if self.planner.config.imagination.cache:
+            self.cache[pending.key] = (text, confidence, cut)
+        return text, cut
+
+    def _simulate_request(self, state: PromptState | EpisodeState, action: Action) -> GenerationRequest:
+        """The simulator's request for the observation after `action` in `state`."""
+        return GenerationRequest(
+            adapter=self.planner.simulator,
+            messages=self.planner.prompts.simulator(state, action),
+            max_tokens=self.planner.config.sampling.simulator_max_tokens,
+            logprobs=True,  # the prediction's confidence (mean token logprob), weighed by the judge
+            tag="simulate",
+        )
 
     def _reads_predictions(self, rollouts: list[Rollout]) -> bool:
         """Whether the judge's choice among one-step rollouts can depend on their predictions: the env oracle's and
@@ -326,14 +370,7 @@ class Imagination:
         if self.planner.config.imagination.cache and key in self.cache:
             text, confidence, cut = self.cache[key]
             return text, confidence, cut, 1
-        request = GenerationRequest(
-            adapter=self.planner.simulator,
-            messages=self.planner.prompts.simulator(state, rollout.actions[0]),
-            max_tokens=self.planner.config.sampling.simulator_max_tokens,
-            logprobs=True,
-            tag="simulate",
-        )
-        (res,) = self._generate(ep, [request])
+        (res,) = self._generate(ep, [self._simulate_request(state, rollout.actions[0])])
         raw = res.completions[0].text.strip() if res.completions else ""
         text = split_outcome(raw)[0].strip() or None
         confidence = res.completions[0].mean_logprob if res.completions else None
@@ -359,7 +396,8 @@ class Imagination:
             ):
                 break  # never queue an action expected to fail or lose, nor one whose outcome was not imagined
             verdict = None if outcome is None else outcome.verdict
-            queue.append(Queued(action, expectation, source, verdict, expectation_cut=i in rollout.cut))
+            pending = rollout.pending if i == 0 else None
+            queue.append(Queued(action, expectation, source, verdict, i in rollout.cut, pending))
             if self.planner.judge.is_error(expectation or "") or total < self.planner.config.judge.threshold:
                 break  # a failing or low-scored plan: take one step and look again
         return queue
@@ -394,15 +432,7 @@ class Imagination:
                     hits += 1
                     continue
                 pending.append((r, ckey))
-                requests.append(
-                    GenerationRequest(
-                        adapter=self.planner.simulator,
-                        messages=self.planner.prompts.simulator(state, r.actions[-1]),
-                        max_tokens=cfg.sampling.simulator_max_tokens,
-                        logprobs=True,  # the prediction's confidence (mean token logprob), weighed by the judge
-                        tag="simulate",
-                    )
-                )
+                requests.append(self._simulate_request(state, r.actions[-1]))
             if requests:
                 for (r, ckey), res in zip(pending, self._generate(ep, requests)):
                     text = res.completions[0].text.strip() if res.completions else ""

@@ -536,6 +536,11 @@ class Planner:
         env_dt = time.perf_counter() - t
         ep.env_seconds += env_dt
         obs = result.observation = withhold(result.observation, ep.withheld)
+        if item.pending is not None:  # its expectation, left for now (imagination.draft_expectations)
+            t = time.perf_counter()
+            item.expectation, item.expectation_cut = self.imagination.expect(ep, item.pending, obs.text)
+            item.pending = None
+            ep.planning_seconds += time.perf_counter() - t
         match = None
         if item.expectation is not None:
             embed = self._embedder(ep) if self.embeds else None
