@@ -84,7 +84,9 @@ prefilled = context prefilled + candidate tokens):
     context_prefilled_per_decision/imagined_step/real_step  prompt - cached - candidate tokens of those
                         calls / the same count: the context (goal, history, new observation) computed anew
     prompt_cache_share  cached / prompt tokens, all calls
-An imagine event records the decision's share of its tokens (decision_prompt_tokens). Where it does not
+An expectation generated after its real step (imagination.draft_expectations) is an imagined step too, its
+tokens recorded on the act event (expectation_prompt_tokens). An imagine event records the decision's share of its
+tokens (decision_prompt_tokens). Where it does not
 (None), a decision that imagined nothing (the reactive arm, skipped simulation) still splits exactly (all
 its tokens are the decision's), and a group with any other such decision (`unsplit_decisions` > 0)
 reports the per-decision and per-imagined-step numbers as None rather than guess a split. Likewise for
@@ -185,6 +187,10 @@ def prompt_account(trace: EpisodeTrace) -> PromptAccount:
     total = PromptAccount()
     for e in trace.of_type("imagine"):
         total.add(imagine_account(e))
+    for a in trace.of_type("act"):  # an expectation generated after its step: an imagined step all the same
+        if a.expectation_prompt_tokens is not None:
+            prompt, cached = a.expectation_prompt_tokens, a.expectation_cached_prompt_tokens or 0
+            total.add(PromptAccount(imagined_steps=1, imagined_prompt=prompt, imagined_cached=cached))
     return total
 
 

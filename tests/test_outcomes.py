@@ -186,13 +186,13 @@ def traj(tmp_path_factory) -> Trajectory:
     return Trajectory.from_dict(json.loads(out.read_text().splitlines()[0]))
 
 
-def _outcome_planner(traj: Trajectory, settings, tok, bad: set[str], judge=None):
+def _outcome_planner(traj: Trajectory, settings, tok, bad: set[str], judge=None, draft_expectations=True):
     """A simplan planner on the toy env whose decider replays `traj` (K=1) or scores the valid actions, and whose
     simulator gives outcome lines a probability: 'lost' for actions in `bad`, 'no change' otherwise."""
     from simplan.envs.actions import render_action
     from simplan.envs.toy import ToyEnv
     from simplan.inference.engines.scripted import ScriptedEngine
-    from simplan.inference.planning.config import PlannerConfig, SamplingConfig
+    from simplan.inference.planning.config import ImaginationConfig, PlannerConfig, SamplingConfig
     from simplan.inference.planning.planner import Planner
     from simplan.inference.planning.prompts import PlannerPrompts
 
@@ -212,7 +212,13 @@ def _outcome_planner(traj: Trajectory, settings, tok, bad: set[str], judge=None)
         score=score,
     )
     config = PlannerConfig(
-        arm="simplan", k=2, horizon=1, adaptive=False, raise_errors=True, sampling=SamplingConfig(propose="score")
+        arm="simplan",
+        k=2,
+        horizon=1,
+        adaptive=False,
+        raise_errors=True,
+        sampling=SamplingConfig(propose="score"),
+        imagination=ImaginationConfig(draft_expectations=draft_expectations),
     )
     planner = Planner(engine, ToyEnv(), config, tokenizer=tok)
     planner.prompts = PlannerPrompts(settings, settings, tok)
@@ -244,7 +250,19 @@ def test_the_planner_reads_outcome_probabilities_and_its_prompts_are_training_pr
     imagine = [e for e in result.trace.events if e.type == "imagine"]
     chosen = [c for e in imagine for c in e.candidates if c.chosen]
     assert all(c.outcome_probs and c.outcome_probs["no_change"] > 0.9 for c in chosen)
-    assert all(c.predicted == ["You are here."] for c in chosen)  # the expectation, its outcome line split off
+    # The expectation, after each real step with the real reply as its draft, its outcome line split off.
+    acts = [e for e in result.trace.events if e.type == "act"]
+    assert all(not c.predicted for c in chosen) and all(a.expectation == "You are here." for a in acts)
+    drafts = [r.draft for kind, reqs in engine.calls if kind == "generate" for r in reqs if r.tag == "simulate"]
+    scores = [0.0] + [a.score for a in acts]
+    real = ["won" if a.won else "progress" if a.score > s else "no_change" for a, s in zip(acts, scores)]
+    assert drafts == [fmt.observation_completion(a.observation, outcome=o) for a, o in zip(acts, real)]
+    # Before the step, as without imagination.draft_expectations: the same expectations, on the imagine events.
+    planner, engine = _outcome_planner(traj, settings, tok, bad=set(), draft_expectations=False)
+    before = planner.run(traj.task)
+    chosen = [c for e in before.trace.events if e.type == "imagine" for c in e.candidates if c.chosen]
+    assert all(c.predicted == ["You are here."] for c in chosen)
+    assert [a.expectation for a in before.trace.events if a.type == "act"] == [a.expectation for a in acts]
 
 
 def test_the_decider_is_overridden_only_above_the_veto(traj, tok):

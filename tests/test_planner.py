@@ -8,6 +8,7 @@ import pytest
 from simplan.data.format import SECTION_OBSERVATION
 from simplan.envs.base import Observation, StepResult
 from simplan.envs.toy import ToyEnv
+from simplan.evaluation.metrics import prompt_account
 from simplan.inference.engines.scripted import ScriptedEngine, ToyOracle, prompt_actions
 from simplan.inference.planning.pivots import PivotConfig
 from simplan.inference.planning.planner import Planner, PlannerConfig
@@ -401,6 +402,11 @@ def test_the_committed_expectation_is_generated_after_the_step_with_the_observat
     assert [r.draft for r in simulated] == [a.observation for a in acts]  # each after its step, with what it saw
     assert [r.messages for r in simulated] == [r.messages for r in before_engine.requests("simulate")]
     assert all(r.draft is None for r in before_engine.requests("simulate"))
+    # The report's token split counts them as imagined steps still (their tokens are on the act events).
+    assert all(a.expectation_prompt_tokens for a in acts)
+    accounts = [prompt_account(r.trace) for r in (before, after)]
+    split = [(a.imagined_steps, a.imagined_prompt, a.decision_prompt) for a in accounts]
+    assert split[0] == split[1] and split[1][0] == len(acts)
     # a judge that reads predictions, or a deeper horizon, needs them before choosing: nothing is deferred
     reads_engine, _ = oracle_engine(confidence=0.5)
     run(reads_engine, config(k=3, horizon=1, judge={**off, "repeat": -1e-9}))

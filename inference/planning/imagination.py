@@ -255,7 +255,7 @@ class Imagination:
 
     def _defer(self, ep: EpisodeRun, rollout: Rollout, allowed: list[str] | None) -> bool:
         """Leave the one-step rollout's prediction for after its real step (imagination.draft_expectations), unless
-        the cache holds it; False when it does (nothing deferred: `_rollout` takes it from the cache)."""
+        the cache holds it; False when it does (nothing deferred: the prediction comes from the cache)."""
         state = self._imagined_state(ep, rollout, allowed)
         key = self._cache_key(state, rollout.actions[0])
         if self.planner.config.imagination.cache and key in self.cache:
@@ -263,21 +263,16 @@ class Imagination:
         rollout.pending = PendingExpectation(self._simulate_request(state, rollout.actions[0]), key)
         return True
 
-    def expect(self, ep: EpisodeRun, pending: PendingExpectation, observed: str) -> tuple[str | None, bool]:
-        """A deferred prediction (`_defer`), generated now that the real observation is known and given to the
-        engine as the decoding draft (inference/engines/base.py "Drafts"): the text greedy decoding gives without
-        it, in one forward where the simulator foresaw the step. Returns (the expectation, whether the token limit
-        cut it), cached as `_rollout` caches predictions."""
-        request = dataclasses.replace(pending.request, draft=observation_completion(observed))
-        (res,) = self._generate(ep, [request])
-        text = res.completions[0].text.strip() if res.completions else ""
-        if not text:
-            self.planner._parse_failure(ep, "simulator", text, "empty prediction", "dropped")
-            return None, False
-        confidence = res.completions[0].mean_logprob
-        cut = res.completions[0].finish_reason == "length"
-        if self.planner.config.imagination.cache:
-            self.cache[pending.key] = (text, confidence, cut)
+    def expect(
+        self, ep: EpisodeRun, pending: PendingExpectation, observed: str, outcome: str
+    ) -> tuple[str | None, bool]:
+        """A deferred prediction (`_defer`), generated now that the real step is known: its reply (the observation,
+        after the outcome class's line for a simulator trained with outcome lines) is the engine's decoding draft
+        (inference/engines/base.py "Drafts"), so the text is what greedy decoding gives without it, in one forward
+        where the simulator foresaw the step. Returns (the expectation, whether the token limit cut it), cached as
+        the predictions made before a step are."""
+        draft = observation_completion(observed, outcome=outcome if self.outcome_judge is not None else None)
+        text, _, cut = self._predict(ep, dataclasses.replace(pending.request, draft=draft), pending.key)
         return text, cut
 
     def _simulate_request(self, state: PromptState | EpisodeState, action: Action) -> GenerationRequest:
@@ -319,7 +314,8 @@ class Imagination:
             predicted = max(OUTCOMES, key=lambda o: p[o])
             verdict = Outcome(done=True, won=predicted == "won") if predicted in ("won", "lost") else None
             rollouts.append(Rollout([c.action], [], c.probability, c.logprob, outcomes=[verdict]))
-        if self.planner.config.pivots:
+        defer = self.planner.config.imagination.draft_expectations  # after the step: the choice does not read it
+        if self.planner.config.pivots and not (defer and self._defer(ep, rollouts[best], allowed)):
             text, confidence, cut, cached = self._expectation(ep, rollouts[best], allowed)
             rollouts[best].predicted.append(text)
             rollouts[best].confidence.append(confidence)
@@ -370,16 +366,23 @@ class Imagination:
         if self.planner.config.imagination.cache and key in self.cache:
             text, confidence, cut = self.cache[key]
             return text, confidence, cut, 1
-        (res,) = self._generate(ep, [self._simulate_request(state, rollout.actions[0])])
+        return (*self._predict(ep, self._simulate_request(state, rollout.actions[0]), key), 0)
+
+    def _predict(
+        self, ep: EpisodeRun, request: GenerationRequest, key: tuple[str, str]
+    ) -> tuple[str | None, float | None, bool]:
+        """The committed candidate's prediction: (its observation, with the outcome line of a simulator trained with
+        them split off; the simulator's confidence; whether the token limit cut it), cached under `key`."""
+        (res,) = self._generate(ep, [request])
         raw = res.completions[0].text.strip() if res.completions else ""
-        text = split_outcome(raw)[0].strip() or None
+        text = (split_outcome(raw)[0].strip() if self.outcome_judge is not None else raw) or None
         confidence = res.completions[0].mean_logprob if res.completions else None
         cut = bool(res.completions) and res.completions[0].finish_reason == "length"
         if text is None:
             self.planner._parse_failure(ep, "simulator", raw, "empty prediction", "dropped")
         elif self.planner.config.imagination.cache:
             self.cache[key] = (text, confidence, cut)
-        return text, confidence, cut, 0
+        return text, confidence, cut
 
     def _accepts(self) -> bool | None:
         """The env's verdict on the real state (its optional `accepts()`: is the goal met?), None without one."""

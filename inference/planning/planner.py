@@ -536,11 +536,17 @@ class Planner:
         env_dt = time.perf_counter() - t
         ep.env_seconds += env_dt
         obs = result.observation = withhold(result.observation, ep.withheld)
+        error = bool(obs.error)
+        # (ep.score is still the score before this step)
+        outcome = classify_outcome(error, obs.text, ep.score, result.score, result.done, result.won, self.judge.rules)
+        m = ep.meter
+        expected_tokens = None  # (prompt, cached) of an expectation generated now
         if item.pending is not None:  # its expectation, left for now (imagination.draft_expectations)
-            t = time.perf_counter()
-            item.expectation, item.expectation_cut = self.imagination.expect(ep, item.pending, obs.text)
+            t, p0, c0 = time.perf_counter(), m.prompt_tokens, m.cached_tokens
+            item.expectation, item.expectation_cut = self.imagination.expect(ep, item.pending, obs.text, outcome)
             item.pending = None
             ep.planning_seconds += time.perf_counter() - t
+            expected_tokens = (m.prompt_tokens - p0, m.cached_tokens - c0)
         match = None
         if item.expectation is not None:
             embed = self._embedder(ep) if self.embeds else None
@@ -549,13 +555,11 @@ class Planner:
                 item.expectation, obs.text, rules.similarity, item.expectation_cut, rules.cut_expectations, embed
             )
             match = round(sim, 4)
-        error = bool(obs.error)
         ep.past.append((item.action, obs.text, error))
         ep.records.append(StepRecord(item.action.key(), obs.text, float(result.score), error))
         ep.memory.seen_pairs.add((item.action.key(), normalize(obs.text)))
         ep.score = float(result.score)
         ep.since_replan += 1
-        m = ep.meter
         fault = result.info.get("fault") if isinstance(result.info, dict) else None
         ep.trace.add(
             ActEvent(
@@ -578,6 +582,8 @@ class Planner:
                 cached_prompt_tokens=m.cached_tokens - ep.cached_at_last_act,
                 completion_tokens=m.completion_tokens - ep.completion_at_last_act,
                 env_seconds=round(env_dt, 6),
+                expectation_prompt_tokens=expected_tokens[0] if expected_tokens else None,
+                expectation_cached_prompt_tokens=expected_tokens[1] if expected_tokens else None,
             ),
             step=ep.steps,
         )
@@ -591,8 +597,6 @@ class Planner:
         # The goal changes as collection records it (data/recorder.py): when it differs from the first one.
         changed_goal = obs.goal if obs.goal and obs.goal != ep.state.turns[0].goal else None
         cls = self._failure_class(ep, obs) if error else None  # the failure memory leaves transient ones out
-        before = ep.score_before_last
-        outcome = classify_outcome(error, obs.text, before, result.score, result.done, result.won, self.judge.rules)
         ep.state.step(
             render_action(item.action),
             obs.text,

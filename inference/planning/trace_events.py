@@ -57,7 +57,9 @@ from simplan.core.config import flatten, upgrade_keys
 #   8: end events record the belief the real steps' facts built (belief), as a window's snapshot shows it, and
 #      the calls to the env's ask tool (asks)
 #   9: grade events (the request's grade before the episode and its route, PlannerConfig grading)
-TRACE_VERSION = 9
+#  10: an expectation generated after its real step (imagination.draft_expectations) is on the act event only (the
+#      imagine event's committed candidate has no prediction), its prompt tokens in expectation_prompt_tokens
+TRACE_VERSION = 10
 END_STATUSES = (
     "success",
     "failed",
@@ -195,6 +197,10 @@ class ActEvent(TraceEvent):
     cached_prompt_tokens: int = 0  # of prompt_tokens, those the engine reused instead of prefilling
     completion_tokens: int = 0
     env_seconds: float = 0.0
+    # An expectation generated after the step (imagination.draft_expectations): its prompt tokens and the cached part
+    # of them, a share of the three counts above; None where the expectation came with the plan (or none was made).
+    expectation_prompt_tokens: int | None = None
+    expectation_cached_prompt_tokens: int | None = None
 
 
 @dataclass
