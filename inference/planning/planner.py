@@ -12,7 +12,8 @@ From the command line: `simplan run --env toy --task corridor-100 --arm simplan 
 
 The loop, from the real state, until the env ends the episode or a budget does:
 1. Imagine (imagination.py) when the queue of planned actions is empty: propose, roll out, judge and commit
-   a plan, each action with its expectation (the predicted observation).
+   a plan, each action with its expectation (the predicted observation; one the choice did not read is decoded
+   when its real step is known, with the real observation as the engine's draft: imagination.draft_expectations).
 2. Act and watch: queued actions run for real with no model calls while nothing fires. Before each queued
    action after a plan's first, when the env lists all valid actions, it must be among them (pivot
    `not_valid_now`): a plan made for an imagined state is not tried in a real state where it cannot apply.
