@@ -334,7 +334,11 @@ class HFPeftEngine:
             heads.append((kept, [float(logps[i, t]) for i, t in enumerate(kept)]))
             prompts.append(p)
             reused.append(min(k, len(p)))
-        rest = [i for i, (kept, _) in enumerate(heads) if kept[-1] != self.eos_id and len(kept) < reqs[i].max_tokens]
+        rest = [
+            i
+            for i, (kept, _) in enumerate(heads)
+            if kept and kept[-1] != self.eos_id and len(kept) < reqs[i].max_tokens
+        ]
         tails: dict[int, Completion] = {}
         if rest:
             more = [dataclasses.replace(reqs[i], max_tokens=reqs[i].max_tokens - len(heads[i][0])) for i in rest]
