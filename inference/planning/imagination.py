@@ -79,6 +79,14 @@ class Rollout:
     pending: PendingExpectation | None = None  # the first prediction, left for after the real step
 
 
+def _reply(res: GenerationResult) -> tuple[str, float | None, bool]:
+    """A simulator call's reply: (its text, stripped; its mean token logprob; whether the token limit cut it)."""
+    if not res.completions:
+        return "", None, False
+    c = res.completions[0]
+    return c.text.strip(), c.mean_logprob, c.finish_reason == "length"
+
+
 def _first_lost(r: Rollout) -> bool:
     """Whether the rollout's first imagined step was predicted to lose the episode."""
     return bool(r.outcomes) and r.outcomes[0] is not None and r.outcomes[0].lost
@@ -91,8 +99,8 @@ class Imagination:
     def __init__(self, planner: Planner, oracle: EnvOracle | None = None) -> None:
         self.planner = planner
         self.propose = Proposer(self)  # the decider's first actions (proposals.py)
-        # (state key, action key) -> (predicted observation, the simulator's mean token logprob of it)
-        # (state, action) -> (prediction, confidence, cut by the token limit)
+        # (state key, action key) -> (predicted observation, the simulator's mean token logprob of it, whether its
+        # token limit cut it)
         self.cache: dict[tuple[str, str], tuple[str, float | None, bool]] = {}
         self.propose.can_score = True
         self._unsupported: set[str] = set()  # constrained-decoding kinds the backend refused
@@ -374,10 +382,8 @@ class Imagination:
         """The committed candidate's prediction: (its observation, with the outcome line of a simulator trained with
         them split off; the simulator's confidence; whether the token limit cut it), cached under `key`."""
         (res,) = self._generate(ep, [request])
-        raw = res.completions[0].text.strip() if res.completions else ""
+        raw, confidence, cut = _reply(res)
         text = (split_outcome(raw)[0].strip() if self.outcome_judge is not None else raw) or None
-        confidence = res.completions[0].mean_logprob if res.completions else None
-        cut = bool(res.completions) and res.completions[0].finish_reason == "length"
         if text is None:
             self.planner._parse_failure(ep, "simulator", raw, "empty prediction", "dropped")
         elif self.planner.config.imagination.cache:
@@ -438,9 +444,7 @@ class Imagination:
                 requests.append(self._simulate_request(state, r.actions[-1]))
             if requests:
                 for (r, ckey), res in zip(pending, self._generate(ep, requests)):
-                    text = res.completions[0].text.strip() if res.completions else ""
-                    confidence = res.completions[0].mean_logprob if res.completions else None
-                    cut = bool(res.completions) and res.completions[0].finish_reason == "length"
+                    text, confidence, cut = _reply(res)
                     if not text:
                         self.planner._parse_failure(ep, "simulator", text, "empty prediction", "dropped")
                         self._add_prediction(r, None, None)
