@@ -82,9 +82,9 @@ def shared(engine: HFPeftEngine, a: list[dict[str, str]], b: list[dict[str, str]
     return next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), min(len(x), len(y)))
 
 
-def gen(messages, adapter=None, session=None, **kw) -> GenerationRequest:
+def gen(messages, adapter=None, session=None, max_tokens=8, **kw) -> GenerationRequest:
     return GenerationRequest(
-        adapter=adapter, messages=messages, max_tokens=8, logprobs=True, session=session, tag="decide", **kw
+        adapter=adapter, messages=messages, max_tokens=max_tokens, logprobs=True, session=session, tag="decide", **kw
     )
 
 
@@ -283,9 +283,7 @@ def test_the_engine_option_reaches_the_hf_backend(tiny):
 
 
 def drafted(messages, draft, adapter=None, session=None, max_tokens=8) -> GenerationRequest:
-    return GenerationRequest(
-        adapter=adapter, messages=messages, max_tokens=max_tokens, logprobs=True, session=session, draft=draft
-    )
+    return gen(messages, adapter, session, max_tokens, draft=draft)
 
 
 def text_of(engine, messages, adapter=None, max_tokens=8) -> str:
