@@ -5,6 +5,7 @@
     records = load_run("runs/eval/twx-dev")
     c = compare_arms(records, "reactive", "simplan")
     print(c.difference, c.ci_low, c.ci_high, c.p_value)       # simplan minus reactive, in success rate
+    print(c.score_difference, c.score_ci_low, c.score_ci_high, c.score_p_value)   # ... in mean final score
     for c in compare_all(records): ...                        # every pair of arms present, in arm order
     for c in compare_runs(load_run("runs/eval/old"), load_run("runs/eval/new")): ...  # each arm, run vs run
 
@@ -21,13 +22,21 @@ Definitions (arm A against arm B, over the tasks both finished):
     ci_low/high  paired bootstrap percentile interval of the difference: resample the pairs with
                replacement (`resamples` times, seeded), recompute the difference each time
     tokens/wall per success  per arm over the paired episodes: all tokens (wall seconds) / successes
+
+The final score, for the progress an episode made short of winning (TWX's partial credit: a twc episode that
+put two of six objects away ends at 0.33; a failed arithmetic or sorting answer at -1):
+    a_score, b_score   each arm's mean final score over the pairs
+    score_difference   b_score - a_score;  score_ci_low/high: its paired bootstrap interval (as above)
+    a_higher, b_higher pairs whose final score is higher for A (B); ties are left out
+    score_p_value      exact two-sided sign test on them: the McNemar formula with the higher-scoring
+                       pairs in place of the discordant ones
 """
 
 from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from itertools import combinations
 from typing import Any
@@ -60,13 +69,14 @@ def mcnemar_exact(a_only: int, b_only: int) -> float:
 
 
 def paired_bootstrap(
-    a: list[bool],
-    b: list[bool],
+    a: Sequence[float],
+    b: Sequence[float],
     resamples: int = DEFAULT_RESAMPLES,
     seed: int = DEFAULT_SEED,
     level: float = 0.95,
 ) -> tuple[float, float]:
-    """Percentile interval of mean(b) - mean(a), resampling the pairs (a[i], b[i]) together; (0, 0) without pairs."""
+    """Percentile interval of mean(b) - mean(a), resampling the pairs (a[i], b[i]) together; (0, 0) without pairs.
+    Outcomes (bools) or scores alike."""
     if len(a) != len(b):
         raise ValueError(f"paired_bootstrap: {len(a)} outcomes of A but {len(b)} of B; pairs need both")
     if resamples < 1 or not 0.0 < level < 1.0:
@@ -74,7 +84,7 @@ def paired_bootstrap(
     n = len(a)
     if n == 0:
         return 0.0, 0.0
-    diffs = [int(y) - int(x) for x, y in zip(a, b)]
+    diffs = [float(y) - float(x) for x, y in zip(a, b)]
     rng = random.Random(seed)
     means = sorted(sum(rng.choices(diffs, k=n)) / n for _ in range(resamples))
     tail = (1.0 - level) / 2
@@ -120,6 +130,14 @@ class PairedComparison:
     p_value: float
     a_cost: ArmCost
     b_cost: ArmCost
+    a_score: float = 0.0  # mean final scores over the pairs, and B's minus A's with its interval
+    b_score: float = 0.0
+    score_difference: float = 0.0
+    score_ci_low: float = 0.0
+    score_ci_high: float = 0.0
+    a_higher: int = 0  # pairs whose final score is higher for A (B); the sign test's counts
+    b_higher: int = 0
+    score_p_value: float = 1.0
     unpaired: int = 0  # episodes of either arm without a partner (left out)
     resamples: int = DEFAULT_RESAMPLES
     seed: int = DEFAULT_SEED
@@ -151,6 +169,10 @@ def _cost(summaries: list[EpisodeSummary]) -> ArmCost:
     )
 
 
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else 0.0
+
+
 def compare_arms(
     records: list[EpisodeRecord],
     arm_a: str,
@@ -176,8 +198,13 @@ def compare_pairs(
     wins_b = [bool(b[k].success) for k in keys]
     a_only = sum(x and not y for x, y in zip(wins_a, wins_b))
     b_only = sum(y and not x for x, y in zip(wins_a, wins_b))
+    scores_a = [a[k].score for k in keys]
+    scores_b = [b[k].score for k in keys]
+    a_higher = sum(x > y for x, y in zip(scores_a, scores_b))
+    b_higher = sum(y > x for x, y in zip(scores_a, scores_b))
     n = len(keys)
     low, high = paired_bootstrap(wins_a, wins_b, resamples, seed)
+    score_low, score_high = paired_bootstrap(scores_a, scores_b, resamples, seed)
     return PairedComparison(
         arm_a=arm_a,
         arm_b=arm_b,
@@ -192,6 +219,14 @@ def compare_pairs(
         p_value=mcnemar_exact(a_only, b_only),
         a_cost=_cost([a[k] for k in keys]),
         b_cost=_cost([b[k] for k in keys]),
+        a_score=_mean(scores_a),
+        b_score=_mean(scores_b),
+        score_difference=_mean(scores_b) - _mean(scores_a),
+        score_ci_low=score_low,
+        score_ci_high=score_high,
+        a_higher=a_higher,
+        b_higher=b_higher,
+        score_p_value=mcnemar_exact(a_higher, b_higher),
         unpaired=len(a) + len(b) - 2 * n,
         resamples=resamples,
         seed=seed,

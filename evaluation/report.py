@@ -7,7 +7,8 @@
 Reads each run's traces.jsonl (evaluation/metrics.py computes every metric from them), names the
 files with their size and SHA-256 so each number can be traced back, and writes:
 - report.md opening with each arm against the first (reactive) task by task: the paired success
-  difference, its interval and the exact McNemar p-value; then the tables in the order a reader needs
+  difference, its interval and the exact McNemar p-value, and the same for the mean final score (the
+  partial progress of episodes not won; a sign test); then the tables in the order a reader needs
   them: each pair of arms compared task by task (also tokens and wall seconds per success,
   evaluation/paired.py); with several runs, each later run against the first, arm by arm, on the tasks
   both played (a flywheel round's old and new adapters); success by game; lost episodes by loss class

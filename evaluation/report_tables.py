@@ -184,6 +184,10 @@ def signed_pct(x: float) -> str:
     return f"{100 * x:+.1f}"
 
 
+def signed_num(x: float) -> str:
+    return f"{x:+.2f}"
+
+
 def paired_row(run: str, c: PairedComparison, compared: str | None = None) -> list[str]:
     """One row of a paired table; `compared` names B and A (default: the arms, 'simplan - reactive')."""
 
@@ -198,6 +202,10 @@ def paired_row(run: str, c: PairedComparison, compared: str | None = None) -> li
         f"{c.a_only} / {c.b_only}",
         f"{signed_pct(c.difference)} [{signed_pct(c.ci_low)}, {signed_pct(c.ci_high)}]",
         f"{c.p_value:.3g}",
+        f"{num(c.a_score)} -> {num(c.b_score)}",
+        f"{signed_num(c.score_difference)} [{signed_num(c.score_ci_low)}, {signed_num(c.score_ci_high)}]",
+        f"{c.a_higher} / {c.b_higher}",
+        f"{c.score_p_value:.3g}",
         per_success(c.a_cost.tokens_per_success, c.b_cost.tokens_per_success, 0),
         per_success(c.a_cost.wall_per_success, c.b_cost.wall_per_success, 2),
     ]
@@ -209,6 +217,10 @@ PAIRED_COLUMNS = [  # after the two naming what is compared (paired_row)
     "won by A only / B only",
     "success diff, points [95% paired bootstrap]",
     "McNemar p (exact)",
+    "mean score A -> B",
+    "score diff [95% paired bootstrap]",
+    "higher score A / B",
+    "sign test p (exact)",
     "tokens/success A -> B",
     "wall s/success A -> B",
 ]
@@ -223,7 +235,7 @@ def arm_comparisons(runs: list[RunData]) -> list[tuple[str, PairedComparison]]:
 def headline(comparisons: list[tuple[str, PairedComparison]]) -> list[str]:
     """What the report leads with: each arm of each run against the run's first arm (reactive when played; the
     first of `compare_all`'s pairs names it), as a sentence with the paired difference, its interval, the
-    discordant tasks and the McNemar p-value."""
+    discordant tasks and the McNemar p-value; then the mean final scores, their paired difference and sign test."""
     first: dict[str, str] = {}
     lines = []
     for run, c in comparisons:
@@ -233,7 +245,10 @@ def headline(comparisons: list[tuple[str, PairedComparison]]) -> list[str]:
             f"{run}: **{c.arm_b} - {c.arm_a} = {signed_pct(c.difference)} points** "
             f"[{signed_pct(c.ci_low)}, {signed_pct(c.ci_high)}] (95% paired bootstrap) on {c.pairs} paired "
             f"tasks: {c.b_successes}/{c.pairs} against {c.a_successes}/{c.pairs}; won by {c.arm_b} only "
-            f"{c.b_only}, by {c.arm_a} only {c.a_only}; exact McNemar p = {c.p_value:.3g}."
+            f"{c.b_only}, by {c.arm_a} only {c.a_only}; exact McNemar p = {c.p_value:.3g}. Mean final score "
+            f"{num(c.a_score)} -> {num(c.b_score)} ({signed_num(c.score_difference)} [{signed_num(c.score_ci_low)}, "
+            f"{signed_num(c.score_ci_high)}]): higher for {c.arm_b} on {c.b_higher} tasks, for {c.arm_a} on "
+            f"{c.a_higher}; exact sign test p = {c.score_p_value:.3g}."
         )
     return lines
 
@@ -268,11 +283,14 @@ def paired_table(comparisons: list[tuple[str, PairedComparison]]) -> Table:
     return Table(
         "Paired differences between arms (same tasks)",
         ["run", "arms (B - A)", *PAIRED_COLUMNS],
-        rows or [["-"] * 9],
+        rows or [["-"] * (2 + len(PAIRED_COLUMNS))],
         "Each pair is one task (and repeat) run by both arms; only such episodes count here. The difference is "
         "B's success rate minus A's in percentage points, its interval a percentile bootstrap of 10,000 seeded "
         "resamples of the pairs; the McNemar p-value is the two-sided exact binomial test on the tasks only one "
-        "arm won. Tokens and wall seconds per success are over the paired episodes.",
+        "arm won. The score is each episode's final score (partial progress short of a win: TWX's share of the "
+        "task done, -1 after a failed answer), its difference and interval computed the same way; the sign test is "
+        "the same exact binomial test on the tasks where one arm ended with the higher score. Tokens and wall "
+        "seconds per success are over the paired episodes.",
     )
 
 

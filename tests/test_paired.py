@@ -19,7 +19,9 @@ from simplan.evaluation.paired import (
 from simplan.inference.planning.trace import EpisodeSummary
 
 
-def rec(task: str, arm: str, success: bool, tokens: int = 100, wall: float = 1.0, repeat: int = 0) -> EpisodeRecord:
+def rec(
+    task: str, arm: str, success: bool, tokens: int = 100, wall: float = 1.0, repeat: int = 0, score: float = 0.0
+) -> EpisodeRecord:
     s = EpisodeSummary(
         episode_id=f"suite/twx/{task}/{arm}/{repeat}",
         env="twx",
@@ -28,6 +30,7 @@ def rec(task: str, arm: str, success: bool, tokens: int = 100, wall: float = 1.0
         success=success,
         total_tokens=tokens,
         wall_seconds=wall,
+        score=score,
     )
     return EpisodeRecord(s)
 
@@ -74,6 +77,32 @@ def test_bootstrap_is_seeded_and_degenerate_cases_are_exact() -> None:
     assert paired_bootstrap([], [], 10) == (0.0, 0.0)
     with pytest.raises(ValueError, match="pairs need both"):
         paired_bootstrap([True], [], 10)
+
+
+def test_final_scores_are_compared_pair_by_pair_with_a_sign_test() -> None:
+    """Partial progress: no task won by either arm, B ends higher on three, A on one, one tie."""
+    scores = [(0.0, 0.5), (0.0, 0.33), (0.17, 0.5), (0.5, 0.17), (-1.0, -1.0)]
+    records = [
+        r
+        for i, (x, y) in enumerate(scores)
+        for r in (rec(f"t{i}", "reactive", False, score=x), rec(f"t{i}", "simplan", False, score=y))
+    ]
+    c = compare_arms(records, "reactive", "simplan", resamples=2000)
+    assert (c.difference, c.a_only, c.b_only) == (0.0, 0, 0)  # no success differs
+    assert c.a_score == pytest.approx(-0.33 / 5) and c.b_score == pytest.approx(0.5 / 5)
+    assert c.score_difference == pytest.approx((0.5 + 0.33 + 0.33 - 0.33) / 5)
+    assert (c.a_higher, c.b_higher) == (1, 3)  # the tie is left out
+    assert c.score_p_value == mcnemar_exact(1, 3) == 0.625
+    assert c.score_ci_low <= c.score_difference <= c.score_ci_high
+    # the interval's ends are means of 5 resampled differences, each one of the five pairs' own
+    diffs = [y - x for x, y in scores]
+    assert min(diffs) <= c.score_ci_low and c.score_ci_high <= max(diffs)
+    assert c.to_dict()["score_p_value"] == 0.625
+
+
+def test_bootstrap_of_scores_is_not_rounded_to_outcomes() -> None:
+    assert paired_bootstrap([0.0] * 4, [0.25] * 4, 100) == (0.25, 0.25)
+    assert paired_bootstrap([0.5, 0.5], [0.0, 0.0], 100) == (-0.5, -0.5)
 
 
 def test_only_episodes_both_arms_finished_are_paired() -> None:

@@ -109,7 +109,10 @@ def test_report_pairs_arms_and_classifies_losses(tmp_path) -> None:
     # P[k >= 5] = 3.3% and P[k >= 6] = 0.6% put the 2.5% quantile at k = 5 (0 points); P[k = 0] = 10.7% puts the
     # 97.5% quantile at +100. The interval touches 0, as McNemar's p > 0.05 says.
     assert (low, high) == (0.0, 100.0)
-    assert cells[7] == "500 -> 125" and cells[8] == "10.00 -> 2.50"  # 10 x 100 tokens / 2 wins, / 8 wins
+    # final scores: 1 won, 0 lost here, so the sign test counts the same tasks as McNemar
+    assert cells[7:9] == ["0.20 -> 0.80", "+0.60 [+0.00, +1.00]"]
+    assert cells[9:11] == ["2 / 8", "0.109"]
+    assert cells[11] == "500 -> 125" and cells[12] == "10.00 -> 2.50"  # 10 x 100 tokens / 2 wins, / 8 wins
     # per game breakdown (main section) and the loss table: 8 irreversible reactive losses, 2 simplan "other"
     assert "| sorting | 40.0% (2/5) | 60.0% (3/5) |" in main and "| coin | 0.0% (0/5) | 100.0% (5/5) |" in main
     header = next(line for line in main.splitlines() if line.startswith("| run | arm | lost |"))
@@ -124,6 +127,10 @@ def test_report_pairs_arms_and_classifies_losses(tmp_path) -> None:
     assert "paired: **simplan - reactive = +60.0 points** [+0.0, +100.0]" in lead
     assert "on 10 paired tasks: 8/10 against 2/10; won by simplan only 8, by reactive only 2" in lead
     assert "exact McNemar p = 0.109" in lead
+    assert (
+        "Mean final score 0.20 -> 0.80 (+0.60 [+0.00, +1.00]): higher for simplan on 8 tasks, for reactive on 2"
+        in lead
+    )
     order = [main.index(t) for t in ("### Paired differences", "| sorting |", "### Lost episodes", "### Arms")]
     assert order == sorted(order)
 
