@@ -15,6 +15,8 @@ every candidate (inference/planning/outcomes.py), as the planner asks them. Then
   over every candidate (`veto_on: candidates`) or over the decider's first choice of each state, the actions a
   veto overrides (`veto_on: first_choices`); and what a veto does to those first choices: how many it
   overrides at the fitted veto and at a few other thresholds, and how many of those rightly;
+- the learned pivot's threshold: the lowest P(lost) whose "lost" calls are right at least `precision` of the
+  time, on the same rows as the veto (inference/planning/outcomes.py);
 - the value: logistic regression of "the action was a good one" (it made progress or won, or it is the
   expert's own action) on the decider's log-probability and the outcome probabilities.
 Written to `out` (metrics.json, metrics.md, rows.jsonl, reliability.png); with `write_adapter` the fitted judge
@@ -259,6 +261,10 @@ def fit(rows: list[Row], precision: float, veto_on: str = "candidates") -> Outco
     bad = np.array([OutcomeJudge.bad(r.probs) for r in population])
     is_bad = np.array([r.outcome in BAD for r in population])
     veto, recall, reached = veto_threshold(bad, is_bad, precision)
+    lost = np.array([r.probs["lost"] for r in population])
+    loss_pivot, pivot_recall, pivot_reached = veto_threshold(
+        lost, np.array([r.outcome == "lost" for r in population]), precision
+    )
     names = [f for f in FEATURES if f != "p_no_change"]  # the probabilities sum to 1: one is the reference
     x = np.array([[features(r.logprob, r.probs)[f] for f in names] for r in rows])
     y = np.array([float(r.outcome in GOOD or (r.expert and r.outcome not in BAD)) for r in rows])
@@ -270,9 +276,13 @@ def fit(rows: list[Row], precision: float, veto_on: str = "candidates") -> Outco
         "veto_on": veto_on,
         "veto_recall": recall,
         "veto_precision": reached,
+        "loss_pivot_recall": pivot_recall,
+        "loss_pivot_precision": pivot_reached,
         "good_share": float(y.mean()) if len(y) else None,
     }
-    return OutcomeJudge(veto=veto, weights=dict(zip(names, map(float, w))), bias=b, fitted=fitted)
+    return OutcomeJudge(
+        veto=veto, loss_pivot=loss_pivot, weights=dict(zip(names, map(float, w))), bias=b, fitted=fitted
+    )
 
 
 def plot_reliability(metrics: dict[str, Any], path: Path) -> Path | None:
@@ -308,7 +318,9 @@ def markdown(metrics: dict[str, Any], judge: OutcomeJudge, precision: float) -> 
         "",
         f"Candidates: {metrics['all']['candidates']} from {judge.fitted['states']} states; veto P(lost or error) > "
         f"{judge.veto:.3f} (on {judge.fitted.get('veto_on', 'candidates')}: precision "
-        f"{judge.fitted['veto_precision']}, recall {judge.fitted['veto_recall']:.3f}).",
+        f"{judge.fitted['veto_precision']}, recall {judge.fitted['veto_recall']:.3f}); learned pivot P(lost) > "
+        f"{judge.loss_pivot:.3f} (precision {judge.fitted.get('loss_pivot_precision')}, recall "
+        f"{judge.fitted.get('loss_pivot_recall', 0.0):.3f}).",
         "",
         f"| family | candidates | lost | AUROC lost | recall lost at p>={precision:g} | bad | AUROC bad | "
         f"recall bad at p>={precision:g} | class accuracy |",

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from simplan.core.errors import InputError
 from simplan.data import format as fmt
 from simplan.data.build import BuildConfig, build
 from simplan.data.build_branches import branch_messages, kept_alternatives
@@ -281,6 +282,76 @@ def test_the_decider_is_overridden_only_above_the_veto(traj, tok):
     assert decision.candidates[0].chosen  # a veto no probability exceeds: the decider's top is always kept
 
 
+def test_the_learned_pivot_fires_on_a_step_predicted_to_lose_and_not_on_a_safe_one(traj, tok):
+    """The toy env goes on after its first expert step, which a hand-made outcome model calls losing: with the
+    decider's top kept (veto 1.0), the step is taken and the learned pivot fires on it (its probability from the
+    decision's own scoring, no second request); the same episode with a model that calls nothing losing, or with the
+    pivot's threshold at 1.0, has no such pivot."""
+    from simplan.data.episode import PromptSettings
+    from simplan.inference.planning.outcomes import OutcomeJudge
+    from simplan.inference.planning.pivots import PivotConfig
+
+    first = traj.steps[0].action.text
+    settings = PromptSettings(budget=4096, reserve=64, outcomes=True)
+
+    def run(bad: set[str], loss_pivot: float, on: bool = True):
+        planner, engine = _outcome_planner(
+            traj, settings, tok, bad=bad, judge=OutcomeJudge(veto=1.0, loss_pivot=loss_pivot)
+        )
+        planner.config = dataclasses.replace(planner.config, pivot_rules=PivotConfig(predicted_loss=on))
+        result = planner.run(traj.task)
+        pivots = [e for e in result.trace.events if e.type == "pivot" and e.rule == "predicted_loss"]
+        outcome_calls = sum(len(reqs) for kind, reqs in engine.calls if kind == "score" and reqs[0].tag == "outcomes")
+        return result, pivots, outcome_calls
+
+    result, pivots, _ = run({first}, 0.5)
+    acts = [e for e in result.trace.events if e.type == "act"]
+    assert acts[0].action == first and not acts[0].done  # taken, and the episode went on
+    (pivot,) = [p for p in pivots if p.step == 1]
+    assert pivot.fired and pivot.severity == "error"
+    assert pivot.evidence["action"] == first and pivot.evidence["p_lost"] > 0.99 and pivot.evidence["threshold"] == 0.5
+    replans = [e for e in result.trace.events if e.type == "replan" and e.step == 1]
+    assert replans and "predicted_loss" in replans[0].reason and replans[0].banned == [first]  # not again there
+    safe, none, calls_on = run(set(), 0.5)
+    assert not none and safe.summary.success
+    assert run(set(), 0.5, on=False)[2] == calls_on  # the decision's scoring answers the pivot: no extra request
+    assert not run({first}, 1.0)[1]  # no probability exceeds 1.0
+
+
+def test_the_learned_pivot_checks_what_it_is_given() -> None:
+    from simplan.inference.planning.pivots import PivotContext, PredictedLoss, StepRecord
+
+    rule = PredictedLoss(threshold=0.6)
+    step = StepRecord("take key", "You take the key.", 0.0)
+
+    def ctx(probs, error=False):
+        return PivotContext(history=[dataclasses.replace(step, error=error)], outcome_probs=probs)
+
+    assert rule.check(ctx({"lost": 0.7, "no_change": 0.3})).evidence == {
+        "action": "take key",
+        "p_lost": 0.7,
+        "threshold": 0.6,
+    }
+    assert rule.check(ctx({"lost": 0.6, "no_change": 0.4})) is None  # over the threshold, not at it (as the veto)
+    assert rule.check(ctx(None)) is None  # no outcome model asked
+    assert rule.check(ctx({"lost": 0.9}, error=True)) is None  # a failed step is the error rule's
+    with pytest.raises(ValueError, match="threshold must be in"):
+        PredictedLoss(threshold=1.5)
+
+
+def test_the_learned_pivot_needs_a_simulator_with_outcomes(tok) -> None:
+    from simplan.envs.toy import ToyEnv
+    from simplan.inference.engines.scripted import ScriptedEngine
+    from simplan.inference.planning.config import PlannerConfig
+    from simplan.inference.planning.pivots import PivotConfig
+    from simplan.inference.planning.planner import Planner
+
+    engine = ScriptedEngine(decide=lambda req, user: "look", simulate=lambda req, user: "You look.")
+    config = PlannerConfig(arm="simplan", pivot_rules=PivotConfig(predicted_loss=True))
+    with pytest.raises(InputError, match="needs a simulator trained with outcome lines"):
+        Planner(engine, ToyEnv(), config, tokenizer=tok)
+
+
 def test_outcome_judge_choice_and_file(tmp_path) -> None:
     from simplan.inference.planning.outcomes import OUTCOME_JUDGE_FILE, OutcomeJudge
 
@@ -367,6 +438,9 @@ def test_the_veto_reaches_its_precision_on_the_population_asked_for(tmp_path, ca
         row(2, -2.0, "no_change", 0.95),  # an alternative the simulator fears most, wrongly
     ]
     assert fit(rows, 1.0, "first_choices").veto == pytest.approx(0.8)  # > 0.8 overrides only state 0's
+    # the learned pivot's threshold on P(lost), the same population and precision: > 0.8 calls only state 0's
+    judge = fit(rows, 1.0, "first_choices")
+    assert judge.loss_pivot == pytest.approx(0.8) and judge.fitted["loss_pivot_recall"] == 1.0
     assert fit(rows, 1.0, "candidates").veto == 1.0  # 0.95 on a good alternative spoils every threshold
     folder = tmp_path / "fit"
     folder.mkdir()

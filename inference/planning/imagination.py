@@ -346,6 +346,12 @@ class Imagination:
         ]
         return rollouts, records, best, hits, why
 
+    def step_outcome(self, ep: EpisodeRun, action: Action) -> dict[str, float]:
+        """The outcome probabilities of `action` from the real state, as the outcome judge reads them (cached where the
+        decision scored it): what the learned pivot weighs once the step is taken (pivots.py `PredictedLoss`)."""
+        probs, _ = self._outcome_probs(ep, [Proposal(action)], self.planner._allowed(ep))
+        return probs[0]
+
     def _outcome_probs(
         self, ep: EpisodeRun, candidates: list[Proposal], allowed: list[str] | None
     ) -> tuple[list[dict[str, float]], int]:

@@ -19,6 +19,12 @@ outcome probabilities; `veto` and the weights are fitted on dev data by `simplan
 (evaluation/judge_fit.py) and saved as outcome_judge.json beside the simulator adapter. Without that file
 the defaults hold: veto 0.5 (a bad outcome more likely than not) and value = the decider's log-probability,
 which keeps the decider's ranking among the candidates that are not vetoed.
+
+The learned pivot (`pivot_rules.predicted_loss`, inference/planning/pivots.py `PredictedLoss`): the same outcome
+probabilities of the real step just taken (from the state it was taken in); a step that did not end the episode
+but whose P(lost) exceeds `loss_pivot` is called a mistake whose consequence comes later, and the loop pivots
+(replans, bans the step there, backtracks where `pivot_rules.backtrack` names the rule). `loss_pivot` is fitted
+with the veto, as the lowest threshold whose "lost" calls are right at the same precision; 0.5 unfitted.
 """
 
 from __future__ import annotations
@@ -67,13 +73,15 @@ class OutcomeJudge:
     """Which candidate to take from outcome probabilities (module docstring). Fitted by `simplan fit-judge`."""
 
     veto: float = 0.5
+    loss_pivot: float = 0.5  # P(lost) over which a real step is a predicted loss (the learned pivot)
     weights: dict[str, float] = field(default_factory=lambda: {"logprob": 1.0})
     bias: float = 0.0
     fitted: dict[str, Any] = field(default_factory=dict)  # how: data, precision target, dev metrics ({}: defaults)
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.veto <= 1.0:
-            raise InputError(f"outcome judge veto: must be in [0, 1], got {self.veto!r}")
+        for name in ("veto", "loss_pivot"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise InputError(f"outcome judge {name}: must be in [0, 1], got {getattr(self, name)!r}")
         unknown = sorted(set(self.weights) - set(FEATURES))
         if unknown:
             raise InputError(f"outcome judge weights: unknown features {unknown}; known: {', '.join(FEATURES)}")

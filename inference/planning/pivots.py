@@ -24,6 +24,10 @@ Rules (default severities):
     fact_mismatch           error   (pivot_rules.fact_mismatch; envs that declare `facts`) the facts of the real
                                     observation depart from those of the expected one (envs/subgoals.py
                                     fact_differences): the plan relied on a record the step did not write
+    predicted_loss          error   (pivot_rules.predicted_loss; a simulator trained with outcome lines) the learned
+                                    pivot: the outcome model's P(lost) of the step just taken, which did not end
+                                    the episode, is over the fitted judge's `loss_pivot` (inference/planning/
+                                    outcomes.py): a mistake whose consequence is predicted to come later
 
 The planner adds one check of its own before each queued action (inference/planning/planner.py):
     not_valid_now           error   the next planned action is not among the real state's valid actions
@@ -113,6 +117,9 @@ class PivotContext:
     # The env's facts (envs/subgoals.py) of the expected and of the real observation, when the env declares facts
     # and the step had an expectation: (predicted, real); None otherwise
     facts: tuple[list[Fact], list[Fact]] | None = None
+    # The outcome model's probabilities (inference/planning/outcomes.py) of the step just taken, from the state it
+    # was taken in, when the learned pivot asks for them; None otherwise
+    outcome_probs: dict[str, float] | None = None
 
     @property
     def last(self) -> StepRecord:
@@ -449,9 +456,44 @@ class FactMismatch:
         )
 
 
+@dataclass
+class PredictedLoss:
+    """The learned pivot: the outcome model says the step just taken loses, though the episode goes on (a mistake
+    whose consequence comes later). Its threshold is the fitted judge's `loss_pivot`."""
+
+    threshold: float = 0.5
+    severity: str = "error"
+    name: str = "predicted_loss"
+
+    def __post_init__(self) -> None:
+        _check_severity(self.severity)
+        if not 0.0 <= self.threshold <= 1.0:
+            raise ValueError(f"predicted_loss: threshold must be in [0, 1], got {self.threshold!r}")
+
+    def check(self, ctx: PivotContext) -> PivotEvent | None:
+        if ctx.outcome_probs is None or ctx.last.error:  # a failed step: the error rule's
+            return None
+        p_lost = ctx.outcome_probs.get("lost", 0.0)
+        if p_lost <= self.threshold:
+            return None
+        return PivotEvent(
+            rule=self.name,
+            severity=self.severity,
+            evidence={"action": ctx.last.action_key, "p_lost": round(p_lost, 6), "threshold": self.threshold},
+            message=f"{ctx.last.action_key!r}: P(lost) {p_lost:.2f} > {self.threshold:.2f}",
+        )
+
+
 # The rules after which a step may be undone (PivotConfig.backtrack): the step changed the state, and not for the
 # better or not as planned. A failed step (error_observation) changed nothing.
-BACKTRACK_RULES = ("expectation_mismatch", "score_drop", "fact_mismatch", "repeated_action", "no_progress")
+BACKTRACK_RULES = (
+    "expectation_mismatch",
+    "score_drop",
+    "fact_mismatch",
+    "repeated_action",
+    "no_progress",
+    "predicted_loss",
+)
 
 
 @dataclass
@@ -489,6 +531,14 @@ class PivotConfig:
         metadata=_help(
             "fact_mismatch: compare the env's facts (envs/subgoals.py) of the expected and the real observation, "
             "where the env declares them"
+        ),
+    )
+    predicted_loss: bool = field(
+        default=False,
+        metadata=_help(
+            "predicted_loss, the learned pivot: the outcome model's P(lost) of each real step that did not end the "
+            "episode, over the fitted judge's loss_pivot (outcome_judge.json beside the simulator; 0.5 unfitted); "
+            "needs a simulator trained with outcome lines (simplan build --outcomes true)"
         ),
     )
     backtrack: list[str] = field(

@@ -99,6 +99,7 @@ from simplan.inference.planning.pivots import (
     PivotContext,
     PivotMonitor,
     PivotRule,
+    PredictedLoss,
     StepRecord,
     TransientError,
     default_rules,
@@ -123,7 +124,7 @@ from simplan.inference.planning.trace import (
 # Pivot rules whose firing means the last action itself went wrong: its note goes to the failure
 # memory, the judge down-weights it, and it is banned in the state where it failed.
 FAILURE_RULES = (ERROR_RULE, "repeated_action", "score_drop", "no_progress")
-BAN_RULES = (ERROR_RULE, "repeated_action")
+BAN_RULES = (ERROR_RULE, "repeated_action", "predicted_loss")
 NOT_VALID_NOW = "not_valid_now"  # checked before acting, not by the monitor: see Planner._not_valid_now
 BACKTRACK = "backtrack"  # the source of a queued inverse (pivot_rules.backtrack)
 
@@ -198,6 +199,12 @@ class Planner:
         adapter_dirs = dict(getattr(engine, "adapter_dirs", None) or {})  # set by make_engine (engines/__init__.py)
         self.router = Router(config, load_simulator_accuracy(config, adapter_dirs) if simulates else None)
         self.imagination = Imagination(self, oracle)  # propose, roll out, judge, commit (imagination.py)
+        if config.pivot_rules.predicted_loss and self.imagination.outcome_judge is None:
+            raise InputError(
+                "pivot_rules.predicted_loss: the learned pivot needs a simulator trained with outcome lines "
+                "(simplan build --role simulator --outcomes true); this engine's simulator predicts text only: "
+                "train one, or turn the rule off"
+            )
 
     def close(self) -> None:
         """Close what the planner started itself: the env oracle's copies (the env and engine are the caller's)."""
@@ -318,7 +325,8 @@ class Planner:
         """Run until the env ends the episode or a budget does; returns (status, won)."""
         b = ep.budgets
         rules = self.config.pivot_rules
-        monitor = PivotMonitor(list(self.rules), rules.warning_threshold) if self.config.pivots else None
+        learned = self._learned_pivot()
+        monitor = PivotMonitor([*self.rules, *learned], rules.warning_threshold) if self.config.pivots else None
         queue: deque[Queued] = deque()
         while True:
             if ep.steps >= b.max_steps:
@@ -344,6 +352,8 @@ class Planner:
                         return stop, False
                     continue
             before = ep.obs
+            # The learned pivot's probabilities, from the state the step is taken in (cached where it was scored).
+            step_probs = self.imagination.step_outcome(ep, item.action) if monitor and learned else None
             result = self._act(ep, item)
             if item.source == BACKTRACK:
                 self._backtracked(ep, item, result)
@@ -363,6 +373,7 @@ class Planner:
                 max_tokens=b.token_budget,
                 embed=self._embedder(ep) if self.embeds else None,
                 facts=self._facts(ep, item),
+                outcome_probs=step_probs,
             )
             if (retry := self.transient.check(ctx)) is not None:
                 retry.fired = True  # the same action again: no model call, failure note, ban or replan
@@ -378,6 +389,13 @@ class Planner:
                 continue  # (the step budget ends the episode at the top of the loop: no replan to spend)
             if stop := self._pivot(ep, fired, item, (result, before), queue, monitor):
                 return stop, False
+
+    def _learned_pivot(self) -> list[PivotRule]:
+        """The learned pivot (pivot_rules.predicted_loss) at the outcome judge's fitted threshold, or none."""
+        judge = self.imagination.outcome_judge
+        if not self.config.pivot_rules.predicted_loss or judge is None:
+            return []
+        return [PredictedLoss(threshold=judge.loss_pivot)]
 
     def _pivot(
         self,
