@@ -202,8 +202,9 @@ class Planner:
         if config.pivot_rules.predicted_loss and self.imagination.outcome_judge is None:
             raise InputError(
                 "pivot_rules.predicted_loss: the learned pivot needs a simulator trained with outcome lines "
-                "(simplan build --role simulator --outcomes true); this engine's simulator predicts text only: "
-                "train one, or turn the rule off"
+                f"(simplan build --role simulator --outcomes true); this arm's simulator ({config.simulator}: "
+                f"{'the env itself' if config.simulator == 'env' else 'an adapter without outcome lines'}) gives no "
+                "outcome probabilities: train one, or turn the rule off for this arm (arm_overrides)"
             )
 
     def close(self) -> None:
