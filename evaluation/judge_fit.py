@@ -265,6 +265,7 @@ def fit(rows: list[Row], precision: float, veto_on: str = "candidates") -> Outco
     loss_pivot, pivot_recall, pivot_reached = veto_threshold(
         lost, np.array([r.outcome == "lost" for r in population]), precision
     )
+    went_on = [r for r in population if r.outcome not in ("lost", "won")]  # steps after which an episode goes on
     names = [f for f in FEATURES if f != "p_no_change"]  # the probabilities sum to 1: one is the reference
     x = np.array([[features(r.logprob, r.probs)[f] for f in names] for r in rows])
     y = np.array([float(r.outcome in GOOD or (r.expert and r.outcome not in BAD)) for r in rows])
@@ -278,6 +279,9 @@ def fit(rows: list[Row], precision: float, veto_on: str = "candidates") -> Outco
         "veto_precision": reached,
         "loss_pivot_recall": pivot_recall,
         "loss_pivot_precision": pivot_reached,
+        # where the learned pivot can fire at all (an ending step ends the episode first): its false alarms
+        "loss_pivot_went_on": len(went_on),
+        "loss_pivot_fires_went_on": sum(r.probs["lost"] > loss_pivot for r in went_on),
         "good_share": float(y.mean()) if len(y) else None,
     }
     return OutcomeJudge(
@@ -320,7 +324,9 @@ def markdown(metrics: dict[str, Any], judge: OutcomeJudge, precision: float) -> 
         f"{judge.veto:.3f} (on {judge.fitted.get('veto_on', 'candidates')}: precision "
         f"{judge.fitted['veto_precision']}, recall {judge.fitted['veto_recall']:.3f}); learned pivot P(lost) > "
         f"{judge.loss_pivot:.3f} (precision {judge.fitted.get('loss_pivot_precision')}, recall "
-        f"{judge.fitted.get('loss_pivot_recall', 0.0):.3f}).",
+        f"{judge.fitted.get('loss_pivot_recall', 0.0):.3f}; on dev it would fire on "
+        f"{judge.fitted.get('loss_pivot_fires_went_on')} of the {judge.fitted.get('loss_pivot_went_on')} steps "
+        "that did not end the game, the only ones where it can).",
         "",
         f"| family | candidates | lost | AUROC lost | recall lost at p>={precision:g} | bad | AUROC bad | "
         f"recall bad at p>={precision:g} | class accuracy |",

@@ -441,6 +441,7 @@ def test_the_veto_reaches_its_precision_on_the_population_asked_for(tmp_path, ca
     # the learned pivot's threshold on P(lost), the same population and precision: > 0.8 calls only state 0's
     judge = fit(rows, 1.0, "first_choices")
     assert judge.loss_pivot == pytest.approx(0.8) and judge.fitted["loss_pivot_recall"] == 1.0
+    assert (judge.fitted["loss_pivot_went_on"], judge.fitted["loss_pivot_fires_went_on"]) == (2, 0)
     assert fit(rows, 1.0, "candidates").veto == 1.0  # 0.95 on a good alternative spoils every threshold
     folder = tmp_path / "fit"
     folder.mkdir()
