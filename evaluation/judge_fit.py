@@ -12,8 +12,8 @@ every candidate (inference/planning/outcomes.py), as the planner asks them. Then
   at precision >= `precision` and its threshold, per task family and overall; calibration (expected
   calibration error and the reliability table, plotted); accuracy of the most probable class;
 - the veto: the lowest threshold on P(lost or error) whose vetoes are right at least `precision` of the time,
-  over every candidate (`veto_on: candidates`) or over the decider's first choice of each state, the actions a
-  veto overrides (`veto_on: first_choices`); and what a veto does to those first choices: how many it
+  over the decider's first choice of each state, the actions a veto overrides (`veto_on: first_choices`, the
+  default), or over every candidate (`veto_on: candidates`); and what a veto does to those first choices: how many it
   overrides at the fitted veto and at a few other thresholds, and how many of those rightly;
 - the learned pivot's threshold: the lowest P(lost) whose "lost" calls are right at least `precision` of the
   time, on the same rows as the veto (inference/planning/outcomes.py);
@@ -75,10 +75,12 @@ class FitJudgeConfig:
     write_adapter: bool = field(default=False, metadata=_help(f"write {OUTCOME_JUDGE_FILE} beside the simulator"))
     seed: int = field(default=0, metadata=_help("seed of the state sample"))
     veto_on: str = field(
-        default="candidates",
+        default="first_choices",
         metadata=_help(
-            "where the veto's precision is reached: candidates (every scored action) or first_choices (the "
-            "decider's top action of each state: the ones a veto overrides)"
+            "where the veto's precision is reached: first_choices (the decider's top action of each state: the "
+            "ones a veto overrides, so its overrides are right that often) or candidates (every scored action; "
+            "the many plainly bad alternatives, never overridden, lift its precision: on TWX it overrode good "
+            "first choices, bench/RESULTS.md)"
         ),
     )
     rows: str = field(
@@ -255,7 +257,7 @@ def first_choices(rows: list[Row], veto: float) -> dict[str, Any]:
     }
 
 
-def fit(rows: list[Row], precision: float, veto_on: str = "candidates") -> OutcomeJudge:
+def fit(rows: list[Row], precision: float, veto_on: str = "first_choices") -> OutcomeJudge:
     """The veto from dev precision on `veto_on`'s rows, the value from logistic regression (module docstring)."""
     population = first_choice_rows(rows) if veto_on == "first_choices" else rows
     bad = np.array([OutcomeJudge.bad(r.probs) for r in population])

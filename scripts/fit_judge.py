@@ -7,7 +7,7 @@ The inputs are dev trajectories with counterfactual alternatives (`simplan count
 metrics.json, metrics.md, rows.jsonl and reliability.png to --out; with --write_adapter true also
 outcome_judge.json beside the simulator adapter, which the planner reads (evaluation/judge_fit.py).
 `--rows OUT/rows.jsonl` refits from an earlier run's scores without loading a model (`--veto_on
-first_choices`: the veto's precision on the actions it would override).
+candidates`: the veto's precision over every candidate instead of the decider's first choices, the default).
 Exit status 0 on success, 2 on a bad configuration.
 """
 
