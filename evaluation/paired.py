@@ -173,6 +173,12 @@ def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs) if xs else 0.0
 
 
+def _higher(a: Sequence[float], b: Sequence[float]) -> tuple[int, int]:
+    """The pairs where A's value is higher and those where B's is (ties left out): for outcomes, the discordant
+    pairs A won alone and B won alone; for scores, the sign test's counts."""
+    return sum(x > y for x, y in zip(a, b)), sum(y > x for x, y in zip(a, b))
+
+
 def compare_arms(
     records: list[EpisodeRecord],
     arm_a: str,
@@ -196,12 +202,11 @@ def compare_pairs(
     keys = sorted(set(a) & set(b))
     wins_a = [bool(a[k].success) for k in keys]
     wins_b = [bool(b[k].success) for k in keys]
-    a_only = sum(x and not y for x, y in zip(wins_a, wins_b))
-    b_only = sum(y and not x for x, y in zip(wins_a, wins_b))
+    a_only, b_only = _higher(wins_a, wins_b)  # the discordant pairs: won by one arm only
     scores_a = [a[k].score for k in keys]
     scores_b = [b[k].score for k in keys]
-    a_higher = sum(x > y for x, y in zip(scores_a, scores_b))
-    b_higher = sum(y > x for x, y in zip(scores_a, scores_b))
+    a_higher, b_higher = _higher(scores_a, scores_b)
+    mean_a, mean_b = _mean(scores_a), _mean(scores_b)
     n = len(keys)
     low, high = paired_bootstrap(wins_a, wins_b, resamples, seed)
     score_low, score_high = paired_bootstrap(scores_a, scores_b, resamples, seed)
@@ -219,9 +224,9 @@ def compare_pairs(
         p_value=mcnemar_exact(a_only, b_only),
         a_cost=_cost([a[k] for k in keys]),
         b_cost=_cost([b[k] for k in keys]),
-        a_score=_mean(scores_a),
-        b_score=_mean(scores_b),
-        score_difference=_mean(scores_b) - _mean(scores_a),
+        a_score=mean_a,
+        b_score=mean_b,
+        score_difference=mean_b - mean_a,
         score_ci_low=score_low,
         score_ci_high=score_high,
         a_higher=a_higher,
