@@ -258,7 +258,8 @@ def first_choices(rows: list[Row], veto: float) -> dict[str, Any]:
 
 
 def fit(rows: list[Row], precision: float, veto_on: str = "first_choices") -> OutcomeJudge:
-    """The veto from dev precision on `veto_on`'s rows, the value from logistic regression (module docstring)."""
+    """The veto and the learned pivot's threshold from dev precision on `veto_on`'s rows, the value from logistic
+    regression (module docstring)."""
     population = first_choice_rows(rows) if veto_on == "first_choices" else rows
     bad = np.array([OutcomeJudge.bad(r.probs) for r in population])
     is_bad = np.array([r.outcome in BAD for r in population])
