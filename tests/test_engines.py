@@ -548,9 +548,11 @@ def _episode_events(out) -> dict[str, list[dict]]:
     return {t.episode_id: [_same_run(e.to_dict()) for e in t.events] for t in read_traces(out / "traces.jsonl")}
 
 
-def _without(runs: dict[str, list[dict]], key: str) -> dict[str, list[dict]]:
-    """`_episode_events` with `key` left out of every event."""
-    return {ep: [{k: v for k, v in e.items() if k != key} for e in events] for ep, events in runs.items()}
+def _without(runs: dict[str, list[dict]], suffix: str) -> dict[str, list[dict]]:
+    """`_episode_events` with every key ending in `suffix` left out of every event."""
+    return {
+        ep: [{k: v for k, v in e.items() if not k.endswith(suffix)} for e in events] for ep, events in runs.items()
+    }
 
 
 def _toy_eval(out: Path) -> EvalConfig:
@@ -613,7 +615,8 @@ def test_an_eval_on_engine_lanes_matches_one_engine(tiny, tmp_path):
             engine.close()
         assert outcome.ran == 8 and outcome.errored == 0
         runs[lanes], batches[lanes] = _episode_events(outcome.out), outcome.batch
-    # An episode that moved to an emptier lane prefills its prompt there again: the same tokens, fewer of them cached.
+    # An episode that moved to an emptier lane prefills its prompt there again: the same tokens, fewer of them cached
+    # (`cached_prompt_tokens` and the `decision_`, `expectation_` parts that imagine and act events record).
     _assert_same_runs(_without(runs[2], "cached_prompt_tokens"), _without(runs[1], "cached_prompt_tokens"))
     assert batches[2]["lanes"] == 2 and min(batches[2]["lane_calls"]) > 0
     (invocation,) = json.loads((tmp_path / "lanes2" / "run.json").read_text())["invocations"]
