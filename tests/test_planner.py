@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from simplan.core.errors import InputError
 from simplan.data.format import SECTION_OBSERVATION
 from simplan.envs.base import Observation, StepResult
 from simplan.envs.toy import ToyEnv
@@ -411,6 +412,48 @@ def test_the_committed_expectation_is_generated_after_the_step_with_the_observat
     reads_engine, _ = oracle_engine(confidence=0.5)
     run(reads_engine, config(k=3, horizon=1, judge={**off, "repeat": -1e-9}))
     assert all(r.draft is None for r in reads_engine.requests("simulate"))
+
+
+def test_the_likelihood_mismatch_scores_the_real_observation_instead_of_generating_an_expectation():
+    # pivot_rules.similarity likelihood: after each committed step, one scoring call of the real observation under
+    # the simulator from the state the step was decided in (the text run's simulate prompt, byte for byte)
+    off = {"error": 0.0, "progress": 0.0, "repeat": 0.0}
+    text_engine, _ = oracle_engine(confidence=0.5)
+    text = run(text_engine, config(k=3, horizon=1, judge=off))
+
+    def scorer(per_token: float):
+        def score(req, user_text):  # the simulator's replies at `per_token` logprob a word; the decider the oracle's
+            if req.adapter == "simulator":
+                return [per_token * len(c.split()) for c in req.candidates]
+            return oracle.score(req, user_text)
+
+        return score
+
+    for per_token, fires in ((0.0, False), (-1.0, True)):
+        oracle = ToyOracle(TASK, confidence=0.5)
+        engine = ScriptedEngine(oracle.decide, oracle.simulate, scorer(per_token))
+        cfg = config(k=3, horizon=1, judge=off, pivot_rules={"similarity": "likelihood", "mismatch_threshold": 0.5})
+        result = run(engine, cfg)
+        acts, expects = events(result, "act"), [r for _, reqs in engine.calls for r in reqs if r.tag == "expect"]
+        assert engine.requests("simulate") == []  # no text generated
+        assert len(expects) == len(events(result, "imagine")) and all(len(r.candidates) == 1 for r in expects)
+        assert [a.expectation for a in acts] == [None] * len(acts)
+        mismatches = [e for e in events(result, "pivot") if e.rule == "expectation_mismatch"]
+        if not fires:
+            assert result.summary.success
+            assert [a.action for a in acts] == [a.action for a in events(text, "act")]
+            assert [r.messages for r in expects] == [r.messages for r in text_engine.requests("simulate")]
+            assert [r.candidates[0] for r in expects] == [a.observation for a in acts]
+            assert [a.match for a in acts] == [1.0] * len(acts) and not mismatches
+        else:
+            assert acts[0].match == pytest.approx(0.3679, abs=1e-4)  # exp(-1) a word
+            first = mismatches[0]
+            assert first.fired and first.evidence["method"] == "likelihood"
+            assert first.evidence["similarity"] == acts[0].match and first.evidence["observed"] == acts[0].observation
+            assert "per-token probability" in first.message
+    # the env as simulator gives no probabilities: a clear error, before anything runs
+    with pytest.raises(InputError, match="likelihood"):
+        Planner(text_engine, ToyEnv(), config(simulator="env", pivot_rules={"similarity": "likelihood"}))
 
 
 def test_config_presets_and_validation():

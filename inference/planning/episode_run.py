@@ -55,6 +55,8 @@ class Queued:
     verdict: str | None = None  # the ending predicted for this step (won | lost), traced on its act event
     expectation_cut: bool = False  # the simulator's token limit cut the expectation (pivots compare its start)
     pending: PendingExpectation | None = None  # the expectation, generated when the real observation is known
+    # The simulator's per-token probability of the real observation (pivot_rules.similarity `likelihood`)
+    likelihood: float | None = None
 
 
 @dataclass

@@ -19,7 +19,9 @@ One decision, as the planning loop (planner.py) calls it when its queue is empty
    simulator without verdicts), the candidates are judged first and only the committed one is imagined: the
    others' observations could not change the choice, and the committed one's is the expectation pivots check.
    That one is generated after the real step (`draft_expectations`), with the real observation as the engine's
-   decoding draft: the same greedy text, in one forward where the simulator foresaw the step (`expect`).
+   decoding draft: the same greedy text, in one forward where the simulator foresaw the step (`expect`). With
+   the mismatch rule on `likelihood` no expected text is needed: the committed step's real observation is scored
+   under the simulator from the state it was decided in, after the step (`likelihood`).
 3. Judge: judge.py scores each rollout with explicit, logged parts.
 4. Commit: the best rollout's actions are queued with their expectations, cut before the first predicted error
    or loss; the imagine and commit events go into the trace.
@@ -28,6 +30,7 @@ One decision, as the planning loop (planner.py) calls it when its queue is empty
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -48,7 +51,7 @@ from simplan.data.outcomes import OUTCOMES
 from simplan.envs.actions import argument_problem, call_regex, render_action
 from simplan.envs.base import Action, ActionParseError, action_key_of_text, env_extra
 from simplan.envs.subgoals import env_facts
-from simplan.inference.engines.base import GenerationRequest, GenerationResult
+from simplan.inference.engines.base import GenerationRequest, GenerationResult, ScoreRequest
 from simplan.inference.planning.episode_run import EpisodeRun, PendingExpectation, Queued, digest_key
 from simplan.inference.planning.judge import Outcome, is_finish
 from simplan.inference.planning.oracle import EnvOracle, OracleError, executed_actions, same_env_factory
@@ -240,7 +243,11 @@ class Imagination:
             for r in rollouts
         ]
         best = max(range(len(scores)), key=lambda i: (scores[i][1], -i))
-        if committed_only:  # the choice is made: imagine the committed candidate's observation, its expectation
+        if self.scores_observations:  # the mismatch rule scores the real observation after the step: no text
+            self._pend(ep, rollouts[best], allowed)
+            if committed_only:
+                how += "; only the committed candidate's real observation scored, after its step: the judge reads none"
+        elif committed_only:  # the choice is made: imagine the committed candidate's observation, its expectation
             if self.planner.config.imagination.draft_expectations and self._defer(ep, rollouts[best], allowed):
                 how += "; only the committed candidate imagined, after its real step: the judge reads no prediction"
             else:
@@ -270,6 +277,35 @@ class Imagination:
             return False
         rollout.pending = PendingExpectation(self._simulate_request(state, rollout.actions[0]), key)
         return True
+
+    @property
+    def scores_observations(self) -> bool:
+        """Whether the mismatch rule reads the simulator's likelihood of each committed step's real observation
+        (pivot_rules.similarity `likelihood`) instead of an expected text."""
+        return self.planner.config.pivot_rules.similarity == "likelihood"
+
+    def _pend(self, ep: EpisodeRun, rollout: Rollout, allowed: list[str] | None) -> None:
+        """Keep the simulator's request for the rollout's first step from the real state, so its real observation
+        can be scored once the step is taken (`likelihood`)."""
+        first = Rollout([rollout.actions[0]])
+        state = self._imagined_state(ep, first, allowed)
+        key = self._cache_key(state, first.actions[0])
+        rollout.pending = PendingExpectation(self._simulate_request(state, first.actions[0]), key)
+
+    def likelihood(self, ep: EpisodeRun, pending: PendingExpectation, observed: str, outcome: str) -> float | None:
+        """The simulator's per-token probability of the real reply to the pending request (the observation, after
+        the outcome class's line for a simulator trained with outcome lines, and the end of the reply): the
+        geometric mean, teacher-forced in one scoring call; None where it scored no token."""
+        completion = observation_completion(observed, outcome=outcome if self.outcome_judge is not None else None)
+        r = pending.request
+        request = ScoreRequest(
+            candidates=[completion], adapter=r.adapter, messages=r.messages, prompt=r.prompt, tag="expect"
+        )
+        (res,) = ep.meter.score([request])
+        n, logprob = res.num_tokens[0], res.logprobs[0]
+        if n <= 0:
+            return None
+        return math.exp(logprob / n) if math.isfinite(logprob) else 0.0
 
     def expect(
         self, ep: EpisodeRun, pending: PendingExpectation, observed: str, outcome: str
@@ -323,7 +359,9 @@ class Imagination:
             verdict = Outcome(done=True, won=predicted == "won") if predicted in ("won", "lost") else None
             rollouts.append(Rollout([c.action], [], c.probability, c.logprob, outcomes=[verdict]))
         defer = self.planner.config.imagination.draft_expectations  # after the step: the choice does not read it
-        if self.planner.config.pivots and not (defer and self._defer(ep, rollouts[best], allowed)):
+        if self.planner.config.pivots and self.scores_observations:
+            self._pend(ep, rollouts[best], allowed)
+        elif self.planner.config.pivots and not (defer and self._defer(ep, rollouts[best], allowed)):
             text, confidence, cut, cached = self._expectation(ep, rollouts[best], allowed)
             rollouts[best].predicted.append(text)
             rollouts[best].confidence.append(confidence)

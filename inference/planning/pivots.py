@@ -16,7 +16,10 @@ Rules (default severities):
     expectation_mismatch    error   similarity(expected, real observation) below the threshold (token F1,
                                     difflib's ratio, or the cosine of the engine's embeddings: `embedding`);
                                     a prediction the simulator's token limit cut is compared with as many of
-                                    the observation's first words (`cut_expectations: prefix`)
+                                    the observation's first words (`cut_expectations: prefix`). Or, with
+                                    `likelihood`, no text compared: the simulator's per-token probability of
+                                    the real observation (the geometric mean, teacher-forced from the state
+                                    the step was decided in) below the threshold: the step surprised it
     repeated_action         warning the same action N times in a row, or the same (action, observation) N times
     no_progress             warning no score increase for N steps (since the last replan)
     score_drop              error   the score fell by more than `min_drop`
@@ -53,7 +56,9 @@ from simplan.inference.engines.base import cosine
 from simplan.inference.planning.trace_events import SEVERITIES, PivotEvent
 
 BAN_WHERE = ("observation", "belief")  # PivotConfig.ban_where: what a ban's state key reads
-METHODS = (*SIMILARITIES, "embedding")  # the mismatch rule's similarities: core/text.py's and the engine's
+# The mismatch rule's similarities: core/text.py's, the engine's embeddings', and the simulator's likelihood of the
+# real observation (scored by the planner: no expected text needed)
+METHODS = (*SIMILARITIES, "embedding", "likelihood")
 CUT_EXPECTATIONS = ("prefix", "whole")  # what a prediction cut by its token limit is compared with
 
 
@@ -62,7 +67,9 @@ def observation_similarity(
 ) -> float:
     """Similarity in [0, 1] of an expected and a real observation by `method` (METHODS): core/text.py's for the
     text methods; for `embedding`, 1.0 for texts equal after `normalize`, else the cosine of `embed`'s vectors
-    (negative cosines read as 0)."""
+    (negative cosines read as 0). `likelihood` compares no texts: the planner scores it (PivotContext.likelihood)."""
+    if method == "likelihood":
+        raise ValueError("similarity `likelihood` is the simulator's score of an observation, not a text's")
     if method != "embedding":
         return similarity(expected, observed, method)
     if normalize(expected) == normalize(observed):
@@ -120,6 +127,9 @@ class PivotContext:
     # The outcome model's probabilities (inference/planning/outcomes.py) of the step just taken, from the state it
     # was taken in, when the learned pivot asks for them; None otherwise
     outcome_probs: dict[str, float] | None = None
+    # The simulator's per-token probability of the real observation (the geometric mean, in [0, 1]) from the state
+    # the step was decided in, when the mismatch rule uses `likelihood`; None otherwise
+    likelihood: float | None = None
 
     @property
     def last(self) -> StepRecord:
@@ -230,6 +240,8 @@ class ExpectationMismatch:
             raise ValueError(f"cut_expectations {self.cut_expectations!r} is not one of {CUT_EXPECTATIONS}")
 
     def check(self, ctx: PivotContext) -> PivotEvent | None:
+        if self.method == "likelihood":
+            return self._surprised(ctx)
         if ctx.expectation is None:
             return None
         observed = ctx.last.observation
@@ -254,6 +266,28 @@ class ExpectationMismatch:
             evidence=evidence,
             message=f"expected {ctx.expectation!r}{' (cut at its token limit)' if ctx.expectation_cut else ''}, "
             f"saw {observed!r} ({self.method} {sim:.2f} < {self.threshold})",
+        )
+
+    def _surprised(self, ctx: PivotContext) -> PivotEvent | None:
+        """`likelihood`: the simulator gave the real observation a per-token probability under the threshold."""
+        if ctx.likelihood is None or ctx.likelihood >= self.threshold:
+            return None
+        observed = ctx.last.observation
+        evidence = {
+            "action": ctx.last.action_key,
+            "observed": observed,
+            "similarity": round(ctx.likelihood, 4),
+            "threshold": self.threshold,
+            "method": self.method,
+        }
+        if ctx.expectation is not None:  # a prediction made before the step (a judge that read it)
+            evidence["expected"] = ctx.expectation
+        return PivotEvent(
+            rule=self.name,
+            severity=self.severity,
+            evidence=evidence,
+            message=f"the simulator gave {observed!r} a per-token probability of {ctx.likelihood:.2f} "
+            f"(< {self.threshold})",
         )
 
 
@@ -507,7 +541,9 @@ class PivotConfig:
         default="token_f1",
         metadata=_help(
             f"observation similarity: {', '.join(METHODS)} (embedding: cosine of the engine's mean-pooled hidden "
-            "states, hf only; its scale differs from token F1's: set mismatch_threshold with it)"
+            "states, hf only; likelihood: the simulator's per-token probability of the real observation, scored "
+            "after the step instead of generating the expected text; their scales differ from token F1's: set "
+            "mismatch_threshold with them)"
         ),
     )
     cut_expectations: str = field(

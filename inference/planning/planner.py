@@ -13,7 +13,9 @@ From the command line: `simplan run --env toy --task corridor-100 --arm simplan 
 The loop, from the real state, until the env ends the episode or a budget does:
 1. Imagine (imagination.py) when the queue of planned actions is empty: propose, roll out, judge and commit
    a plan, each action with its expectation (the predicted observation; one the choice did not read is decoded
-   when its real step is known, with the real observation as the engine's draft: imagination.draft_expectations).
+   when its real step is known, with the real observation as the engine's draft: imagination.draft_expectations;
+   with `pivot_rules.similarity: likelihood` the decision's first step is scored instead: the simulator's
+   per-token probability of its real observation, which the act event's `match` records).
 2. Act and watch: queued actions run for real with no model calls while nothing fires. Before each queued
    action after a plan's first, when the env lists all valid actions, it must be among them (pivot
    `not_valid_now`): a plan made for an imagined state is not tried in a real state where it cannot apply.
@@ -193,6 +195,12 @@ class Planner:
             raise InputError(
                 f"pivot_rules.embedding_adapter: the engine has no adapter {embedder!r} (it has: "
                 f"{', '.join(known) or 'none'}); give one of them, or '' for the base model"
+            )
+        if config.pivot_rules.similarity == "likelihood" and simulates and config.simulator != "model":
+            raise InputError(
+                "pivot_rules.similarity: likelihood scores the real observation under a learned simulator; this "
+                f"arm's simulator is {config.simulator!r} (the env itself predicts no probabilities): use token_f1 "
+                "for this arm (arm_overrides), or simulator: model"
             )
         self.rules = rules
         # router selective reads the simulator's per-verb accuracy (its adapter's simulator_accuracy.json).
@@ -375,6 +383,7 @@ class Planner:
                 embed=self._embedder(ep) if self.embeds else None,
                 facts=self._facts(ep, item),
                 outcome_probs=step_probs,
+                likelihood=item.likelihood,
             )
             if (retry := self.transient.check(ctx)) is not None:
                 retry.fired = True  # the same action again: no model call, failure note, ban or replan
@@ -561,14 +570,19 @@ class Planner:
         outcome = classify_outcome(error, obs.text, ep.score, result.score, result.done, result.won, self.judge.rules)
         m = ep.meter
         expected_tokens = None  # (prompt, cached) of an expectation generated now
-        if item.pending is not None:  # its expectation, left for now (imagination.draft_expectations)
+        if item.pending is not None:  # its expectation or likelihood, left for now (module docstring)
             t, p0, c0 = time.perf_counter(), m.prompt_tokens, m.cached_tokens
-            item.expectation, item.expectation_cut = self.imagination.expect(ep, item.pending, obs.text, outcome)
+            if self.imagination.scores_observations:
+                item.likelihood = self.imagination.likelihood(ep, item.pending, obs.text, outcome)
+            else:
+                item.expectation, item.expectation_cut = self.imagination.expect(ep, item.pending, obs.text, outcome)
             item.pending = None
             ep.planning_seconds += time.perf_counter() - t
             expected_tokens = (m.prompt_tokens - p0, m.cached_tokens - c0)
         match = None
-        if item.expectation is not None:
+        if self.imagination.scores_observations:
+            match = None if item.likelihood is None else round(item.likelihood, 4)
+        elif item.expectation is not None:
             embed = self._embedder(ep) if self.embeds else None
             rules = self.config.pivot_rules
             sim, _ = expectation_match(

@@ -182,7 +182,8 @@ class ActEvent(TraceEvent):
     # the start event's act_verdicts).
     expected_verdict: str | None = None
     # similarity of observation and expectation in [0, 1]; an expectation the simulator's token limit cut is compared
-    # with the observation's first as many words (pivot_rules.cut_expectations: prefix), as the mismatch pivot does
+    # with the observation's first as many words (pivot_rules.cut_expectations: prefix), as the mismatch pivot does.
+    # With pivot_rules.similarity `likelihood`: the simulator's per-token probability of the observation instead
     match: float | None = None
     error: bool = False
     reward: float = 0.0
