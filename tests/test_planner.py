@@ -451,6 +451,13 @@ def test_the_likelihood_mismatch_scores_the_real_observation_instead_of_generati
             assert first.fired and first.evidence["method"] == "likelihood"
             assert first.evidence["similarity"] == acts[0].match and first.evidence["observed"] == acts[0].observation
             assert "per-token probability" in first.message
+    # a decision the router does not simulate (the decider is confident) scores nothing, as it predicts nothing
+    engine, _ = oracle_engine(confidence=5.0)
+    cfg = config(adaptive=True, confident_margin=0.6, pivot_rules={"similarity": "likelihood"})
+    confident = run(engine, cfg)
+    assert confident.summary.success and all(e.skipped_simulation for e in events(confident, "imagine"))
+    assert not [r for _, reqs in engine.calls for r in reqs if r.tag == "expect"]
+    assert [a.match for a in events(confident, "act")] == [None] * confident.summary.steps
     # the env as simulator gives no probabilities: a clear error, before anything runs
     with pytest.raises(InputError, match="likelihood"):
         Planner(text_engine, ToyEnv(), config(simulator="env", pivot_rules={"similarity": "likelihood"}))

@@ -243,7 +243,7 @@ class Imagination:
             for r in rollouts
         ]
         best = max(range(len(scores)), key=lambda i: (scores[i][1], -i))
-        if self.scores_observations:  # the mismatch rule scores the real observation after the step: no text
+        if self.scores_observations and horizon > 0:  # the mismatch rule scores the real observation: no text
             self._pend(ep, rollouts[best], allowed)
             if committed_only:
                 how += "; only the committed candidate's real observation scored, after its step: the judge reads none"
@@ -280,9 +280,10 @@ class Imagination:
 
     @property
     def scores_observations(self) -> bool:
-        """Whether the mismatch rule reads the simulator's likelihood of each committed step's real observation
-        (pivot_rules.similarity `likelihood`) instead of an expected text."""
-        return self.planner.config.pivot_rules.similarity == "likelihood"
+        """Whether the mismatch rule reads the simulator's likelihood of each simulated decision's real observation
+        (pivot_rules.similarity `likelihood`, an arm with pivots) instead of an expected text."""
+        cfg = self.planner.config
+        return cfg.pivots and cfg.pivot_rules.similarity == "likelihood"
 
     def _pend(self, ep: EpisodeRun, rollout: Rollout, allowed: list[str] | None) -> None:
         """Keep the simulator's request for the rollout's first step from the real state, so its real observation
@@ -359,7 +360,7 @@ class Imagination:
             verdict = Outcome(done=True, won=predicted == "won") if predicted in ("won", "lost") else None
             rollouts.append(Rollout([c.action], [], c.probability, c.logprob, outcomes=[verdict]))
         defer = self.planner.config.imagination.draft_expectations  # after the step: the choice does not read it
-        if self.planner.config.pivots and self.scores_observations:
+        if self.scores_observations:
             self._pend(ep, rollouts[best], allowed)
         elif self.planner.config.pivots and not (defer and self._defer(ep, rollouts[best], allowed)):
             text, confidence, cut, cached = self._expectation(ep, rollouts[best], allowed)
