@@ -19,6 +19,7 @@ from simplan.inference.planning.pivots import (
     ScoreDrop,
     StepRecord,
     default_rules,
+    observation_similarity,
 )
 
 
@@ -102,6 +103,24 @@ def test_expectation_mismatch_threshold_and_near_miss():
     # a different instruction in the same frame is a mismatch (a committed simonsays plan went on past it)
     simon = ctx([rec("touch cucumber", "Simon says, 'slice olive'.")], expectation="Simon says, 'touch banana'.")
     assert rule.check(simon) is not None
+
+
+def test_the_likelihood_mismatch_reads_the_simulators_score_of_the_observation_and_no_text():
+    rule = ExpectationMismatch(threshold=0.5, method="likelihood")
+    step = [rec("take key", "You can't do that.")]
+    e = rule.check(ctx(step, likelihood=0.2))
+    assert e is not None and e.evidence["similarity"] == 0.2 and e.evidence["method"] == "likelihood"
+    assert "expected" not in e.evidence  # nothing was predicted; with a text, the evidence shows it
+    with_text = rule.check(ctx(step, likelihood=0.2, expectation="You take the key."))
+    assert with_text is not None and with_text.evidence["expected"] == "You take the key."
+    assert rule.check(ctx(step, likelihood=0.5)) is None  # at the threshold: not surprised
+    assert rule.check(ctx(step, likelihood=None, expectation="Something else entirely.")) is None  # not scored
+    # the text methods do not read it
+    same = ctx(step, likelihood=0.0, expectation="You can't do that.")
+    assert ExpectationMismatch(threshold=0.75).check(same) is None
+    assert PivotConfig(similarity="likelihood").similarity == "likelihood"
+    with pytest.raises(ValueError, match="likelihood"):
+        observation_similarity("a", "b", "likelihood")
 
 
 def test_repeated_action_in_a_row_and_same_pair():
