@@ -265,6 +265,7 @@ def test_stage_configs_come_from_the_recipes(tmp_path, monkeypatch, capsys) -> N
     assert eval_stage.config["eval"]["arm_overrides"]["simplan"] == {
         "horizon": 1,
         "judge": {"progress": 0.0, "error": 0.0, "repeat": 0.0, "failed": 0.0},
+        "pivot_rules": {"similarity": "likelihood", "mismatch_threshold": 0.9},
     }
 
     # a recipe file's contents are part of the stage's configuration: an edit re-runs the stage
