@@ -240,55 +240,36 @@ class ExpectationMismatch:
             raise ValueError(f"cut_expectations {self.cut_expectations!r} is not one of {CUT_EXPECTATIONS}")
 
     def check(self, ctx: PivotContext) -> PivotEvent | None:
-        if self.method == "likelihood":
-            return self._surprised(ctx)
-        if ctx.expectation is None:
-            return None
         observed = ctx.last.observation
-        sim, compared = expectation_match(
-            ctx.expectation, observed, self.method, ctx.expectation_cut, self.cut_expectations, ctx.embed
-        )
+        if self.method == "likelihood":  # the simulator's score of the real observation: no text compared
+            if ctx.likelihood is None:
+                return None
+            sim, compared = ctx.likelihood, observed
+        elif ctx.expectation is None:
+            return None
+        else:
+            sim, compared = expectation_match(
+                ctx.expectation, observed, self.method, ctx.expectation_cut, self.cut_expectations, ctx.embed
+            )
         if sim >= self.threshold:
             return None
         evidence = {
             "action": ctx.last.action_key,
-            "expected": ctx.expectation,
+            **({"expected": ctx.expectation} if ctx.expectation is not None else {}),
             "observed": observed,
             "similarity": round(sim, 4),
             "threshold": self.threshold,
             "method": self.method,
         }
-        if ctx.expectation_cut:  # only then, so the events of uncut predictions read as before
-            evidence |= {"expectation_cut": True, "compared": compared}
-        return PivotEvent(
-            rule=self.name,
-            severity=self.severity,
-            evidence=evidence,
-            message=f"expected {ctx.expectation!r}{' (cut at its token limit)' if ctx.expectation_cut else ''}, "
-            f"saw {observed!r} ({self.method} {sim:.2f} < {self.threshold})",
-        )
-
-    def _surprised(self, ctx: PivotContext) -> PivotEvent | None:
-        """`likelihood`: the simulator gave the real observation a per-token probability under the threshold."""
-        if ctx.likelihood is None or ctx.likelihood >= self.threshold:
-            return None
-        observed = ctx.last.observation
-        evidence = {
-            "action": ctx.last.action_key,
-            "observed": observed,
-            "similarity": round(ctx.likelihood, 4),
-            "threshold": self.threshold,
-            "method": self.method,
-        }
-        if ctx.expectation is not None:  # a prediction made before the step (a judge that read it)
-            evidence["expected"] = ctx.expectation
-        return PivotEvent(
-            rule=self.name,
-            severity=self.severity,
-            evidence=evidence,
-            message=f"the simulator gave {observed!r} a per-token probability of {ctx.likelihood:.2f} "
-            f"(< {self.threshold})",
-        )
+        if self.method == "likelihood":
+            message = f"the simulator gave {observed!r} a per-token probability of {sim:.2f} (< {self.threshold})"
+        else:
+            cut = " (cut at its token limit)" if ctx.expectation_cut else ""
+            compare = f"{self.method} {sim:.2f} < {self.threshold}"
+            message = f"expected {ctx.expectation!r}{cut}, saw {observed!r} ({compare})"
+            if ctx.expectation_cut:  # only then, so the events of uncut predictions read as before
+                evidence |= {"expectation_cut": True, "compared": compared}
+        return PivotEvent(rule=self.name, severity=self.severity, evidence=evidence, message=message)
 
 
 @dataclass
