@@ -271,11 +271,10 @@ class Imagination:
     def _defer(self, ep: EpisodeRun, rollout: Rollout, allowed: list[str] | None) -> bool:
         """Leave the one-step rollout's prediction for after its real step (imagination.draft_expectations), unless
         the cache holds it; False when it does (nothing deferred: the prediction comes from the cache)."""
-        state = self._imagined_state(ep, rollout, allowed)
-        key = self._cache_key(state, rollout.actions[0])
-        if self.planner.config.imagination.cache and key in self.cache:
+        pending = self._first_step_request(ep, rollout, allowed)
+        if self.planner.config.imagination.cache and pending.key in self.cache:
             return False
-        rollout.pending = PendingExpectation(self._simulate_request(state, rollout.actions[0]), key)
+        rollout.pending = pending
         return True
 
     @property
@@ -285,13 +284,18 @@ class Imagination:
         cfg = self.planner.config
         return cfg.pivots and cfg.pivot_rules.similarity == "likelihood"
 
-    def _pend(self, ep: EpisodeRun, rollout: Rollout, allowed: list[str] | None) -> None:
-        """Keep the simulator's request for the rollout's first step from the real state, so its real observation
-        can be scored once the step is taken (`likelihood`)."""
+    def _first_step_request(self, ep: EpisodeRun, rollout: Rollout, allowed: list[str] | None) -> PendingExpectation:
+        """The simulator's request for the rollout's first step from the real state, and its prediction-cache key."""
         first = Rollout([rollout.actions[0]])
         state = self._imagined_state(ep, first, allowed)
-        key = self._cache_key(state, first.actions[0])
-        rollout.pending = PendingExpectation(self._simulate_request(state, first.actions[0]), key)
+        return PendingExpectation(
+            self._simulate_request(state, first.actions[0]), self._cache_key(state, first.actions[0])
+        )
+
+    def _pend(self, ep: EpisodeRun, rollout: Rollout, allowed: list[str] | None) -> None:
+        """Keep the simulator's request for the rollout's first step, so its real observation can be scored once the
+        step is taken (`likelihood`)."""
+        rollout.pending = self._first_step_request(ep, rollout, allowed)
 
     def likelihood(self, ep: EpisodeRun, pending: PendingExpectation, observed: str, outcome: str) -> float | None:
         """The simulator's per-token probability of the real reply to the pending request (the observation, after
