@@ -564,7 +564,7 @@ def prompt_step_metrics(m: GroupMetrics, records: list[EpisodeRecord]) -> None:
         )
 
 
-ARM_ORDER = ("reactive", "plan", "simplan")
+ARM_ORDER = ("reactive", "reactive-pivots", "plan", "simplan")
 
 
 def _arm_key(arm: str) -> tuple[int, str]:

@@ -20,6 +20,7 @@ from simplan.evaluation.losses import LOSS_CLASSES, LOSS_LABELS
 from simplan.evaluation.metrics import GroupMetrics, group_metrics
 from simplan.evaluation.paired import PairedComparison, compare_all, compare_runs
 from simplan.evaluation.report_data import RunData
+from simplan.inference.planning.arms import ARM_PRESETS, PIVOTS_ABLATION
 
 
 # ---------------------------------------------------------------------------------------------
@@ -235,22 +236,29 @@ def arm_comparisons(runs: list[RunData]) -> list[tuple[str, PairedComparison]]:
 def headline(comparisons: list[tuple[str, PairedComparison]]) -> list[str]:
     """What the report leads with: each arm of each run against the run's first arm (reactive when played; the
     first of `compare_all`'s pairs names it), as a sentence with the paired difference, its interval, the
-    discordant tasks and the McNemar p-value; then the mean final scores, their paired difference and sign test."""
+    discordant tasks and the McNemar p-value; then the mean final scores, their paired difference and sign test.
+    Where the run also played `reactive-pivots` (the pivots without imagination), each arm that imagines and pivots
+    against it follows: what imagination adds to the pivots."""
     first: dict[str, str] = {}
-    lines = []
+    lines, ablations = [], []
     for run, c in comparisons:
-        if first.setdefault(run, c.arm_a) != c.arm_a:
-            continue
-        lines.append(
-            f"{run}: **{c.arm_b} - {c.arm_a} = {signed_pct(c.difference)} points** "
-            f"[{signed_pct(c.ci_low)}, {signed_pct(c.ci_high)}] (95% paired bootstrap) on {c.pairs} paired "
-            f"tasks: {c.b_successes}/{c.pairs} against {c.a_successes}/{c.pairs}; won by {c.arm_b} only "
-            f"{c.b_only}, by {c.arm_a} only {c.a_only}; exact McNemar p = {c.p_value:.3g}. Mean final score "
-            f"{num(c.a_score)} -> {num(c.b_score)} ({signed_num(c.score_difference)} [{signed_num(c.score_ci_low)}, "
-            f"{signed_num(c.score_ci_high)}]): higher for {c.arm_b} on {c.b_higher} tasks, for {c.arm_a} on "
-            f"{c.a_higher}; exact sign test p = {c.score_p_value:.3g}."
-        )
-    return lines
+        if first.setdefault(run, c.arm_a) == c.arm_a:
+            lines.append(_comparison_sentence(run, c))
+        elif c.arm_a == PIVOTS_ABLATION and ARM_PRESETS.get(c.arm_b, {}).get("pivots"):
+            ablations.append(_comparison_sentence(run, c, "what imagination adds to the pivots, "))
+    return lines + ablations
+
+
+def _comparison_sentence(run: str, c: PairedComparison, gloss: str = "") -> str:
+    return (
+        f"{run}: {gloss}**{c.arm_b} - {c.arm_a} = {signed_pct(c.difference)} points** "
+        f"[{signed_pct(c.ci_low)}, {signed_pct(c.ci_high)}] (95% paired bootstrap) on {c.pairs} paired "
+        f"tasks: {c.b_successes}/{c.pairs} against {c.a_successes}/{c.pairs}; won by {c.arm_b} only "
+        f"{c.b_only}, by {c.arm_a} only {c.a_only}; exact McNemar p = {c.p_value:.3g}. Mean final score "
+        f"{num(c.a_score)} -> {num(c.b_score)} ({signed_num(c.score_difference)} [{signed_num(c.score_ci_low)}, "
+        f"{signed_num(c.score_ci_high)}]): higher for {c.arm_b} on {c.b_higher} tasks, for {c.arm_a} on "
+        f"{c.a_higher}; exact sign test p = {c.score_p_value:.3g}."
+    )
 
 
 def coverage_lines(runs: list[RunData]) -> list[str]:

@@ -82,7 +82,10 @@ class EvalConfig:
     suite: str = field(default="toy-dev", metadata=_help("suite name (recipes/suites/NAME.yaml) or a YAML path"))
     arms: list[str] = field(
         default_factory=lambda: list(ARMS),
-        metadata=_help("arms to compare: reactive,plan,simplan (also simplan-oracle, simplan-always, simplan-router)"),
+        metadata=_help(
+            "arms to compare: reactive,plan,simplan (also reactive-pivots, simplan-oracle, simplan-always, "
+            "simplan-router)"
+        ),
     )
     episodes: int = field(default=0, metadata=_help("tasks per family (0: the suite's tasks_per_family)"))
     repeats: int = field(default=1, metadata=_help("episodes per (task, arm); >1 only differs with sampling"))
@@ -118,7 +121,14 @@ class EvalConfig:
             "time budget: no task starts after this many minutes of the run (0: none); a started task's compared "
             "arms complete its pair; a later arm's episode starts only if its step cap fits in the time left at "
             "that arm's pace so far, and those still running then are stopped (they run on the next run); "
-            "episodes are ordered for a budget: games in turn, the first two arms of every task before later arms"
+            "episodes are ordered for a budget: games in turn, the compared arms of every task before later arms"
+        ),
+    )
+    compared_arms: int = field(
+        default=2,
+        metadata=_help(
+            "the first N of --arms are the compared ones: a time budget plays them on every task it starts, before "
+            "any later arm (a bound such as simplan-oracle runs on the tasks the time left allows); N >= 1"
         ),
     )
     fresh: bool = field(default=False, metadata=_help("delete the run folder's previous results first"))
@@ -131,6 +141,8 @@ class EvalConfig:
         for name in ("episodes", "max_steps", "limit", "max_minutes"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
+        if self.compared_arms < 1:
+            raise ValueError(f"compared_arms: must be >= 1 (all arms when more than given), got {self.compared_arms}")
         if self.repeats < 1:
             raise ValueError(f"repeats: must be >= 1, got {self.repeats}")
         if self.concurrency < 1:
@@ -264,11 +276,11 @@ def plan_episodes(suite: Suite, arms: list[str], repeats: int) -> list[EpisodeSp
 COMPARED_ARMS = 2
 
 
-def budget_order(specs: list[EpisodeSpec], arms: list[str]) -> list[EpisodeSpec]:
-    """The episodes in the order a time budget should cut them: every task's compared arms (the first two of
-    `arms`) before any later arm, and within each the games in turn (the first task of every game, then the
-    second, ...), so a run cut short holds complete pairs from every game."""
-    compared = set(arms[:COMPARED_ARMS])
+def budget_order(specs: list[EpisodeSpec], arms: list[str], compared_arms: int = COMPARED_ARMS) -> list[EpisodeSpec]:
+    """The episodes in the order a time budget should cut them: every task's compared arms (the first
+    `compared_arms` of `arms`) before any later arm, and within each the games in turn (the first task of every
+    game, then the second, ...), so a run cut short holds complete pairs from every game."""
+    compared = set(arms[:compared_arms])
     games: dict[tuple[int, str], int] = {}  # (suite entry, family) -> its index
     place: dict[str, tuple[int, int]] = {}  # task (fault key) -> (its position within its game, the game's index)
     seen: Counter[int] = Counter()
@@ -293,9 +305,11 @@ class TimeBudget:
 
     STOP_REASON = "the eval time budget (max_minutes) ran out: the episode runs again on the next run"
 
-    def __init__(self, minutes: float, arms: list[str], finished: list[EpisodeSpec]) -> None:
+    def __init__(
+        self, minutes: float, arms: list[str], finished: list[EpisodeSpec], compared_arms: int = COMPARED_ARMS
+    ) -> None:
         self.deadline = time.perf_counter() + 60.0 * minutes if minutes > 0 else None
-        self.compared = set(arms[:COMPARED_ARMS])
+        self.compared = set(arms[:compared_arms])
         self.begun = {s.fault_key for s in finished if s.arm in self.compared}  # tasks with a compared arm begun
         self.refused = 0
         self.stopped: set[str] = set()  # episode ids of later arms stopped at the deadline
@@ -460,9 +474,9 @@ def _evaluate_locked(
     specs, configs, first_slot = _plan_and_validate(cfg, out, engine, suite, identity, engine_info)
     todo, skipped = _resume(cfg, out, specs)
     if cfg.max_minutes:
-        todo = budget_order(todo, cfg.arms)
+        todo = budget_order(todo, cfg.arms, cfg.compared_arms)
     left = {s.episode_id for s in todo}
-    budget = TimeBudget(cfg.max_minutes, cfg.arms, [s for s in specs if s.episode_id not in left])
+    budget = TimeBudget(cfg.max_minutes, cfg.arms, [s for s in specs if s.episode_id not in left], cfg.compared_arms)
     tally = _run(cfg, out, engine, todo, configs, first_slot, concurrency, len(specs), skipped, budget)
     lanes_peak = getattr(engine, "peaks_mb", None)  # engine lanes hold their memory in processes of their own
     _record_invocation(out, cfg, concurrency, tally, engine_info, budget, lanes_peak() if lanes_peak else None)

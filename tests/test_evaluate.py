@@ -446,6 +446,24 @@ def test_budget_order_pairs_every_game_before_later_arms() -> None:
     assert [t for t, _ in order[10:]] == pairs and len(order) == 15
 
 
+def test_compared_arms_sets_how_many_arms_every_started_task_plays_before_the_bound() -> None:
+    from simplan.evaluation.runner import EvalConfig, TimeBudget, budget_order
+
+    arms = ["reactive", "reactive-pivots", "simplan", "simplan-oracle"]
+    specs = _specs({"coin": 2}, arms)
+    order = [(s.task.task_id, s.arm) for s in budget_order(specs, arms, compared_arms=3)]
+    assert order[:3] == [("coin-0", "reactive"), ("coin-0", "reactive-pivots"), ("coin-0", "simplan")]
+    assert [arm for _, arm in order[6:]] == ["simplan-oracle"] * 2  # the bound only after both tasks' three arms
+    by_id = {(s.task.task_id, s.arm): s for s in specs}
+    budget = TimeBudget(10.0, arms, [], compared_arms=3)
+    assert budget.admit(by_id["coin-0", "reactive"])
+    budget.deadline = time.perf_counter() - 1.0
+    assert budget.admit(by_id["coin-0", "reactive-pivots"]) and budget.admit(by_id["coin-0", "simplan"])
+    assert not budget.admit(by_id["coin-0", "simplan-oracle"]) and not budget.admit(by_id["coin-1", "reactive"])
+    with pytest.raises(ValueError, match="compared_arms: must be >= 1"):
+        EvalConfig(arms=["reactive", "simplan"], compared_arms=0)
+
+
 def test_time_budget_admits_only_the_partner_of_a_started_task_after_its_deadline() -> None:
     from simplan.evaluation.runner import TimeBudget
 

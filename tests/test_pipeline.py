@@ -261,6 +261,9 @@ def test_stage_configs_come_from_the_recipes(tmp_path, monkeypatch, capsys) -> N
     assert pipeline.stage("build-simulator").config["build"]["max_prompt_tokens"] == 640
     eval_stage = pipeline.stage("eval")
     assert eval_stage.config["eval"]["concurrency"] == 12 and eval_stage.config["eval"]["episodes"] == 5
+    # the pivots without imagination beside reactive and simplan on every task, then the bound
+    assert eval_stage.config["eval"]["arms"] == ["reactive", "reactive-pivots", "simplan", "simplan-oracle"]
+    assert eval_stage.config["eval"]["compared_arms"] == 3
     assert "max_steps" not in eval_stage.config["eval"]  # each task's cap comes from its expert path (the suite's)
     assert eval_stage.config["eval"]["arm_overrides"]["simplan"] == {
         "horizon": 1,

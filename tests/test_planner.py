@@ -222,7 +222,8 @@ def test_error_observation_bans_the_action_and_feeds_failure_memory():
 
     oracle = ToyOracle(TASK)
     engine = ScriptedEngine(oracle.decide, oracle.simulate, score)
-    result = run(engine, config(k=1, horizon=0, pivots=True, max_steps=8))
+    result = run(engine, config("reactive-pivots", max_steps=8))  # reactive + the pivots: nothing imagined
+    assert engine.requests("simulate") == [] and all(e.horizon == 0 for e in events(result, "imagine"))
     acts = events(result, "act")
     failed = next(a for a in acts if a.error)
     assert failed.action == "open door" and "need a key" in failed.observation
@@ -234,6 +235,9 @@ def test_error_observation_bans_the_action_and_feeds_failure_memory():
     later = [r for r in engine.requests("decide") if "Failed before" in r.messages[-1]["content"]]
     assert later and "- open door -> The door is locked. You need a key." in later[0].messages[-1]["content"]
     assert "open door" not in later[0].candidates
+    # reactive, the same decider without the pivots, tries the locked door again and again
+    reactive = run(ScriptedEngine(oracle.decide, oracle.simulate, score), config("reactive", max_steps=8))
+    assert [a.action for a in events(reactive, "act")].count("open door") > 1 and not events(reactive, "replan")
 
 
 # -- budgets ---------------------------------------------------------------------------------------

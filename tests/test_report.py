@@ -135,6 +135,23 @@ def test_report_pairs_arms_and_classifies_losses(tmp_path) -> None:
     assert order == sorted(order)
 
 
+def test_report_leads_with_what_imagination_adds_to_the_pivots(tmp_path) -> None:
+    # 4 tasks: reactive wins 1, reactive-pivots 3, simplan 3 (the same ones), plan 2: the pivots made the gain
+    run = tmp_path / "ablation"
+    wins = {"reactive": {0}, "reactive-pivots": {0, 1, 2}, "simplan": {0, 1, 2}, "plan": {0, 3}}
+    for i in range(4):
+        for arm, won in wins.items():
+            acts = [{}] if i in won else [{"done": True, "score": -1.0}]
+            append_trace(run / "traces.jsonl", make_trace(f"s/t{i}/{arm}/0", arm, "coin", acts, i in won))
+    lead = write_report([run], tmp_path / "report")["md"].read_text().split("###")[0]
+    firsts = [f"**{arm} - reactive = " for arm in ("reactive-pivots", "plan", "simplan")]
+    ablation = "**simplan - reactive-pivots = +0.0 points**"
+    assert all(f in lead for f in firsts) and ablation in lead
+    assert lead.index(firsts[-1]) < lead.index(ablation)  # against the baseline first, then the ablation
+    assert "ablation: what imagination adds to the pivots, " + ablation in lead
+    assert "**plan - reactive-pivots" not in lead  # plan does not pivot: no ablation of the pivots
+
+
 def test_report_shows_transient_failures_and_finishes_only_for_runs_with_any(tmp_path, shop_on_path) -> None:
     shop, plain = tmp_path / "shop", tmp_path / "plain"
     for t in shop_traces():

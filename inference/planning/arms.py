@@ -2,6 +2,9 @@
 
     reactive  K=1, H=0: the decider picks each action from the real state; no simulation, no pivots
               (the episode still ends on its step/token budgets).
+    reactive-pivots  reactive with simplan's pivot rules (errors, repeats, no progress, score drops, budgets: the
+              rules that need no simulator) and what they do (ban the action where it failed, replan): simplan
+              without imagination, so simplan - reactive-pivots is what the simulator itself adds.
     plan      open-loop plan-then-execute: imagine K rollouts of H steps, commit the best one and execute
               all of it without watching; plan again only when the queue is empty.
     simplan   simulate + pivot: imagine, commit, execute while reality matches the expectations, pivot
@@ -24,6 +27,9 @@ from typing import Any
 
 ARM_PRESETS: dict[str, dict[str, Any]] = {
     "reactive": {"k": 1, "horizon": 0, "pivots": False, "adaptive": False},
+    # The ablation that isolates the simulator: the pivots without imagination (an expectation never exists, so the
+    # mismatch rules never fire).
+    "reactive-pivots": {"k": 1, "horizon": 0, "pivots": True, "adaptive": False},
     "plan": {"k": 3, "horizon": 5, "pivots": False, "adaptive": False},
     "simplan": {"k": 3, "horizon": 3, "pivots": True, "adaptive": True},
     # The ablation's upper bound: simplan whose imagination is answered by the real env (inference/planning/oracle.py).
@@ -33,6 +39,7 @@ ARM_PRESETS: dict[str, dict[str, Any]] = {
     "simplan-router": {"k": 3, "horizon": 3, "pivots": True, "adaptive": False, "router.mode": "selective"},
 }
 ARMS: tuple[str, ...] = tuple(ARM_PRESETS)
+PIVOTS_ABLATION = "reactive-pivots"  # simplan without imagination: the report compares the imagining arms with it
 
 
 def arm_preset(name: str) -> dict[str, Any]:
