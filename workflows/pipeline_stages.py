@@ -289,8 +289,8 @@ def arm_success(run: Path | RunData | None) -> list[ArmSuccess]:
 
 
 def paired_headline(data: RunData | None) -> list[str]:
-    """The report's opening lines for an `eval_run` (each arm against the first, paired; plain text), [] before
-    any episode."""
+    """The report's opening lines for an `eval_run` (each arm against the first, then each arm that imagines against
+    reactive-pivots where it ran; paired, plain text), [] before any episode."""
     if data is None:
         return []
     from simplan.evaluation.report_tables import arm_comparisons, headline
