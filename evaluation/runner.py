@@ -69,6 +69,8 @@ from simplan.inference.planning.trace import append_trace
 
 # The default comparison; every preset of inference/planning/arms.py may be asked for.
 ARMS = ("reactive", "plan", "simplan")
+# The first arms of --arms are the paired comparison a time budget completes first (evaluation/paired.py).
+COMPARED_ARMS = 2
 
 
 def _help(text: str) -> dict[str, str]:
@@ -125,7 +127,7 @@ class EvalConfig:
         ),
     )
     compared_arms: int = field(
-        default=2,
+        default=COMPARED_ARMS,
         metadata=_help(
             "the first N of --arms are the compared ones: a time budget plays them on every task it starts, before "
             "any later arm (a bound such as simplan-oracle runs on the tasks the time left allows); N >= 1"
@@ -270,10 +272,6 @@ def plan_episodes(suite: Suite, arms: list[str], repeats: int) -> list[EpisodeSp
                 for arm in arms:
                     specs.append(EpisodeSpec(entry, task, arm, r, f"{base}/{arm}/{r}", f"{base}/{r}", cap))
     return specs
-
-
-# The first arms of --arms are the paired comparison a time budget completes first (evaluation/paired.py).
-COMPARED_ARMS = 2
 
 
 def budget_order(specs: list[EpisodeSpec], arms: list[str], compared_arms: int = COMPARED_ARMS) -> list[EpisodeSpec]:
