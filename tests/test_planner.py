@@ -7,7 +7,7 @@ import pytest
 
 from simplan.core.errors import InputError
 from simplan.data.format import SECTION_OBSERVATION
-from simplan.envs.base import Observation, StepResult
+from simplan.envs.base import Action, Observation, StepResult
 from simplan.envs.toy import ToyEnv
 from simplan.evaluation.metrics import prompt_account
 from simplan.inference.engines.scripted import ScriptedEngine, ToyOracle, prompt_actions
@@ -238,6 +238,52 @@ def test_error_observation_bans_the_action_and_feeds_failure_memory():
     # reactive, the same decider without the pivots, tries the locked door again and again
     reactive = run(ScriptedEngine(oracle.decide, oracle.simulate, score), config("reactive", max_steps=8))
     assert [a.action for a in events(reactive, "act")].count("open door") > 1 and not events(reactive, "replan")
+
+
+class DropToy(ToyEnv):
+    """The toy where the key can be dropped again, which takes its half of the score back: a score drop."""
+
+    def valid_actions(self) -> list[str]:
+        return sorted(super().valid_actions() + (["drop key"] if self.has_key and not self.door_open else []))
+
+    def step(self, action: Action) -> StepResult:
+        if action.text == "drop key" and self.has_key:
+            self.has_key, self._last_score = False, 0.0
+            obs = self._observe("You drop the key.", error=False)
+            return StepResult(observation=obs, reward=-0.5, score=0.0, done=False, won=False)
+        return super().step(action)
+
+
+@pytest.mark.parametrize("ban_after_drop", [False, True])
+def test_a_score_drop_bans_the_step_where_ban_after_names_it(ban_after_drop):
+    # a decider that drops the key whenever it holds it, and takes it whenever it sees it
+    prefs = {"drop key": 0.0, "take key": -0.5, "go east": -1.0}
+
+    def score(req, text):
+        return [prefs.get(c, -5.0) for c in req.candidates]
+
+    oracle = ToyOracle(TASK)
+    engine = ScriptedEngine(oracle.decide, oracle.simulate, score)
+    ban_after = ["error_observation", "repeated_action"] + (["score_drop"] if ban_after_drop else [])
+    cfg = config("reactive-pivots", max_steps=12, pivot_rules={"ban_after": ban_after})
+    result = run(engine, cfg, env=DropToy())
+    acts = [a.action for a in events(result, "act")]
+    assert acts[:3] == ["go east", "take key", "drop key"]
+    first = events(result, "replan")[0]
+    assert first.reason == "score_drop" and first.failure_note.startswith("drop key -> You drop the key.")
+    if ban_after_drop:
+        # banned where it was taken: holding the key there again, the decider moves on
+        assert first.banned == ["drop key"] and acts[3:5] == ["take key", "go east"]
+    else:
+        # only noted: the same drop from the same state until the repeat rule bans it
+        assert first.banned == [] and acts[3:8] == ["take key", "drop key"] * 2 + ["take key"]
+        assert events(result, "replan")[2].banned == ["drop key"]
+
+
+def test_ban_after_names_only_rules_that_speak_against_the_step():
+    with pytest.raises(ValueError, match="ban_after.*no_progress"):
+        PivotConfig(ban_after=["no_progress"])
+    assert PivotConfig().ban_after == ["error_observation", "repeated_action", "predicted_loss"]
 
 
 # -- budgets ---------------------------------------------------------------------------------------

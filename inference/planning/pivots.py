@@ -509,6 +509,10 @@ BACKTRACK_RULES = (
     "no_progress",
     "predicted_loss",
 )
+# The rules whose firing may ban the step just taken where it was taken (PivotConfig.ban_after): each speaks against
+# the action itself (it failed, it loops, it lowered the score, it is predicted to lose), not against the plan.
+BAN_AFTER_RULES = (ERROR_RULE, "repeated_action", "score_drop", "predicted_loss")
+BAN_AFTER = [ERROR_RULE, "repeated_action", "predicted_loss"]  # the default (score_drop measured on and off)
 
 
 @dataclass
@@ -566,6 +570,13 @@ class PivotConfig:
             f"any of {', '.join(BACKTRACK_RULES)}; [] = never"
         ),
     )
+    ban_after: list[str] = field(
+        default_factory=lambda: list(BAN_AFTER),
+        metadata=_help(
+            "rules after which the step just taken is banned in the state it was taken in (not proposed there "
+            f"again); any of {', '.join(BAN_AFTER_RULES)}; [] = never (a failure still writes its note)"
+        ),
+    )
     ban_where: str = field(
         default="observation",
         metadata=_help(
@@ -600,6 +611,11 @@ class PivotConfig:
             raise ValueError(
                 f"pivot_rules.backtrack: {unknown} cannot be backtracked from; use any of "
                 f"{', '.join(BACKTRACK_RULES)} (a failed step changed nothing to undo)"
+            )
+        if unknown := sorted(set(self.ban_after) - set(BAN_AFTER_RULES)):
+            raise ValueError(
+                f"pivot_rules.ban_after: {unknown} cannot ban the step; use any of {', '.join(BAN_AFTER_RULES)} "
+                "(the other rules speak against the plan, not the action)"
             )
         if self.ban_where not in BAN_WHERE:
             raise ValueError(f"pivot_rules.ban_where: {self.ban_where!r} is not one of {', '.join(BAN_WHERE)}")

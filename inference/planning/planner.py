@@ -124,9 +124,8 @@ from simplan.inference.planning.trace import (
 )
 
 # Pivot rules whose firing means the last action itself went wrong: its note goes to the failure
-# memory, the judge down-weights it, and it is banned in the state where it failed.
+# memory and the judge down-weights it; those pivot_rules.ban_after names also ban it where it was taken.
 FAILURE_RULES = (ERROR_RULE, "repeated_action", "score_drop", "no_progress")
-BAN_RULES = (ERROR_RULE, "repeated_action", "predicted_loss")
 NOT_VALID_NOW = "not_valid_now"  # checked before acting, not by the monitor: see Planner._not_valid_now
 BACKTRACK = "backtrack"  # the source of a queued inverse (pivot_rules.backtrack)
 
@@ -429,7 +428,7 @@ class Planner:
             ep.memory.failed_actions.add(item.action.key())
         # A failure that changed the plan (sold out) says nothing against the action itself: no ban.
         changed_plan = acted is not None and self._failure_class(ep, acted[0].observation) == "replan"
-        if acted is not None and any(n in BAN_RULES for n in names) and not changed_plan:
+        if acted is not None and any(n in self.config.pivot_rules.ban_after for n in names) and not changed_plan:
             # A failed action rarely changes the world, so the state after it is the same place
             # under another description: ban the action under both keys.
             result, before = acted
