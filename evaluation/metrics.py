@@ -109,6 +109,7 @@ from typing import Any
 from simplan.core.errors import MissingInputError
 from simplan.envs.failures import FailureRules, rules_of_env
 from simplan.evaluation.losses import LOSS_CLASSES, Loss, classify_loss
+from simplan.inference.planning.arms import PIVOTS_ABLATION
 from simplan.inference.planning.judge import is_finish
 from simplan.inference.planning.trace import (
     ActEvent,
@@ -564,7 +565,7 @@ def prompt_step_metrics(m: GroupMetrics, records: list[EpisodeRecord]) -> None:
         )
 
 
-ARM_ORDER = ("reactive", "reactive-pivots", "plan", "simplan")
+ARM_ORDER = ("reactive", PIVOTS_ABLATION, "plan", "simplan")
 
 
 def _arm_key(arm: str) -> tuple[int, str]:

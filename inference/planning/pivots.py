@@ -46,7 +46,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from simplan.core.text import SIMILARITIES, leading_words, normalize, similarity
 from simplan.data.format import ERROR_RULE
@@ -242,33 +242,35 @@ class ExpectationMismatch:
     def check(self, ctx: PivotContext) -> PivotEvent | None:
         observed = ctx.last.observation
         if self.method == "likelihood":  # the simulator's score of the real observation: no text compared
-            if ctx.likelihood is None:
+            if ctx.likelihood is None or ctx.likelihood >= self.threshold:
                 return None
-            sim, compared = ctx.likelihood, observed
-        elif ctx.expectation is None:
-            return None
-        else:
-            sim, compared = expectation_match(
-                ctx.expectation, observed, self.method, ctx.expectation_cut, self.cut_expectations, ctx.embed
+            sim = ctx.likelihood
+            return self._event(
+                ctx, sim, f"the simulator gave {observed!r} a per-token probability of {sim:.2f} (< {self.threshold})"
             )
+        if ctx.expectation is None:
+            return None
+        sim, compared = expectation_match(
+            ctx.expectation, observed, self.method, ctx.expectation_cut, self.cut_expectations, ctx.embed
+        )
         if sim >= self.threshold:
             return None
+        cut = " (cut at its token limit)" if ctx.expectation_cut else ""
+        message = f"expected {ctx.expectation!r}{cut}, saw {observed!r} ({self.method} {sim:.2f} < {self.threshold})"
+        # what a cut prediction was compared with, only then, so the events of uncut predictions read as before
+        extra = {"expectation_cut": True, "compared": compared} if ctx.expectation_cut else {}
+        return self._event(ctx, sim, message, extra)
+
+    def _event(self, ctx: PivotContext, sim: float, message: str, extra: dict[str, Any] | None = None) -> PivotEvent:
         evidence = {
             "action": ctx.last.action_key,
             **({"expected": ctx.expectation} if ctx.expectation is not None else {}),
-            "observed": observed,
+            "observed": ctx.last.observation,
             "similarity": round(sim, 4),
             "threshold": self.threshold,
             "method": self.method,
+            **(extra or {}),
         }
-        if self.method == "likelihood":
-            message = f"the simulator gave {observed!r} a per-token probability of {sim:.2f} (< {self.threshold})"
-        else:
-            cut = " (cut at its token limit)" if ctx.expectation_cut else ""
-            compare = f"{self.method} {sim:.2f} < {self.threshold}"
-            message = f"expected {ctx.expectation!r}{cut}, saw {observed!r} ({compare})"
-            if ctx.expectation_cut:  # only then, so the events of uncut predictions read as before
-                evidence |= {"expectation_cut": True, "compared": compared}
         return PivotEvent(rule=self.name, severity=self.severity, evidence=evidence, message=message)
 
 
