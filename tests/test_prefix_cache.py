@@ -152,6 +152,41 @@ def test_scores_match_a_cold_prefill(engine, adapter):
     engine.end_session(s)
 
 
+@pytest.mark.parametrize("adapter", [None, "decider"])
+def test_one_scored_candidate_stays_in_the_sessions_prefix(engine, adapter):
+    """The simulator's likelihood of a real observation is a one-candidate score; the next prompt holds that
+    observation as the assistant's turn, so the session keeps the candidate's keys and values: the next prompt
+    reuses them, and every logprob equals a cold prefill's."""
+    s = f"chain-{adapter}"
+    reply = TURN2[2]["content"]  # "go north": TURN2 goes on with it as the assistant's turn
+    (scored,) = engine.score([ScoreRequest([reply], adapter=adapter, messages=TURN1, session=s)])
+    kept = scored.prompt_tokens + scored.num_tokens[0]  # the prompt, the reply and its end of turn
+    assert engine.prefixes.tokens(s) == {adapter: kept}
+    (second,) = engine.score([ScoreRequest(CHOICES, adapter=adapter, messages=TURN2, session=s)])
+    assert second.cached_tokens == kept > shared(engine, TURN1, TURN2) - 1
+    assert engine.prefixes.tokens(s) == {adapter: second.prompt_tokens}  # several candidates: cropped off
+    cold = engine.score(
+        [
+            ScoreRequest([reply], adapter=adapter, messages=TURN1),
+            ScoreRequest(CHOICES, adapter=adapter, messages=TURN2),
+        ]
+    )
+    assert abs(scored.logprobs[0] - cold[0].logprobs[0]) < TOL
+    assert max(abs(a - b) for a, b in zip(second.logprobs, cold[1].logprobs)) < TOL
+    (branch,) = engine.score([ScoreRequest(CHOICES, adapter=adapter, messages=BRANCH, session=s)])
+    assert branch.cached_tokens == shared(engine, TURN2, BRANCH)  # a diverging prompt crops the kept reply
+    assert (
+        max(
+            abs(a - b)
+            for a, b in zip(
+                branch.logprobs, engine.score([ScoreRequest(CHOICES, adapter=adapter, messages=BRANCH)])[0].logprobs
+            )
+        )
+        < TOL
+    )
+    engine.end_session(s)
+
+
 def test_choices_and_sampling_with_a_cached_prefix(engine):
     s = "choices"
     engine.generate([gen(TURN1, "decider", s)])

@@ -27,8 +27,10 @@ rule under batching:
   runs only each prompt's last token again). Batches mixing sessions are thus served exactly; a
   batch without sessions takes the old one-call path.
 - score (shared_prefix_scoring): each request's prompt pass already runs alone; it prefills from the
-  session's cache, then the candidates' token trie runs on it and is cropped off again. Scoring
-  without shared prefixes does not use the cache.
+  session's cache, then the candidates' token trie runs on it and is cropped off again, except where a
+  request has one candidate: its tokens continue the prompt (the simulator's scored real observation is
+  how its next prompt goes on), so the session keeps prompt and candidate. Scoring without shared
+  prefixes does not use the cache.
 
 Memory: one cache per (session, adapter), about 46 KB per token for SmolLM2-135M in fp32 (30 layers x
 keys and values x 3 KV heads x 64), so 16 sessions x 2 adapters x 600 tokens is ~0.9 GB (half in
@@ -400,11 +402,16 @@ class HFPeftEngine:
             )
             kv, logits = out.past_key_values, (out.logits[0, -keep:] if keep else None)
         if self.prefixes is not None and session:
-            for layer in kv.layers:
-                if isinstance(layer, GrowingLayer):
-                    layer.trim(self.kv_spare)  # a prompt cropped short keeps no long prompt's buffer
-            self.prefixes.put(session, adapter, Prefix(list(ids), kv))
+            self._keep_prefix(session, adapter, ids, kv)
         return kv, logits, reuse
+
+    def _keep_prefix(self, session: str, adapter: str | None, ids: list[int], kv: Any) -> None:
+        """Make `kv` (the keys and values of `ids`) the session's cached prefix for `adapter`."""
+        assert self.prefixes is not None
+        for layer in kv.layers:
+            if isinstance(layer, GrowingLayer):
+                layer.trim(self.kv_spare)  # a prompt cropped short keeps no long prompt's buffer
+        self.prefixes.put(session, adapter, Prefix(list(ids), kv))
 
     def _stacked_prefill(self, reqs: list[GenerationRequest], prompts: list[list[int]]) -> tuple[Any, list[int]]:
         """One batch cache for `generate`: every prompt prefilled alone (from its session's cached prefix, and
@@ -547,8 +554,12 @@ class HFPeftEngine:
         # The LM head runs only where a child is predicted: a leaf's logits score nothing (a third of the
         # nodes or more when the candidates are short actions).
         inner = inner_nodes(parents)
+        # One candidate is a chain, not a tree: its keys and values are the prompt's continuation (the simulator's
+        # scored observation is how its next prompt goes on), so the session keeps them instead of dropping them.
+        chain = len(rows) == 1 and self.prefixes is not None and session is not None
         with torch.inference_mode():
             kv, last, reused = self._prefill(session, adapter, prompt, keep=1)
+            kept = False
             try:
                 logits = self.model(
                     input_ids=torch.tensor([tokens], device=dev),
@@ -557,8 +568,12 @@ class HFPeftEngine:
                     past_key_values=kv,
                     logits_to_keep=torch.tensor(inner or [0], device=dev),
                 ).logits.float()
+                if chain:
+                    self._keep_prefix(session, adapter, prompt + tokens, kv)
+                    kept = True
             finally:
-                crop(kv, start)  # the trie's tokens off again: the cache may be the session's prefix
+                if not kept:
+                    crop(kv, start)  # the trie's tokens off again: the cache may be the session's prefix
         # The prompt's last position predicts each first token; trie node i predicts its children.
         first = torch.log_softmax(last[0].float(), dim=-1).cpu()
         logps = torch.log_softmax(logits[0], dim=-1).cpu()
