@@ -556,7 +556,7 @@ class HFPeftEngine:
         inner = inner_nodes(parents)
         # One candidate is a chain, not a tree: its keys and values are the prompt's continuation (the simulator's
         # scored observation is how its next prompt goes on), so the session keeps them instead of dropping them.
-        chain = len(rows) == 1 and self.prefixes is not None and session is not None
+        chain = len(rows) == 1 and self.prefixes is not None and bool(session)
         with torch.inference_mode():
             kv, last, reused = self._prefill(session, adapter, prompt, keep=1)
             kept = False
