@@ -382,6 +382,15 @@ def planner_config(cfg: EvalConfig, arm: str, entry: SuiteEntry, max_steps: int 
     return build(PlannerConfig, merge(values, {"arm": arm, "budgets.max_steps": cap}), f" (arm {arm})")
 
 
+def check_planner_settings(cfg: EvalConfig) -> None:
+    """Build every arm's PlannerConfig for every entry of the suite once, so that a wrong `planner` or
+    `arm_overrides` value (or suite) fails, naming the arm, before an engine loads or a pipeline trains; no env
+    starts. The run builds them again per task cap (`_plan_and_validate`)."""
+    for entry in resolve_suite(cfg).entries:
+        for arm in cfg.arms:
+            planner_config(cfg, arm, entry)
+
+
 def canonical_planner_keys(identity: dict[str, Any]) -> dict[str, Any]:
     """An eval identity with its planner mappings in today's nested keys: a run folder written with flat keys
     (before PlannerConfig had sections) resumes under the same command."""

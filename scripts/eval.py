@@ -34,7 +34,13 @@ from simplan.core.io import check_output_folder
 from simplan.evaluation.folder_lock import check_unlocked
 from simplan.evaluation.report_data import load_run_data
 from simplan.evaluation.report_tables import arms_table
-from simplan.evaluation.runner import EvalConfig, budget_message, errored_message, evaluate
+from simplan.evaluation.runner import (
+    EvalConfig,
+    budget_message,
+    check_planner_settings,
+    errored_message,
+    evaluate,
+)
 from simplan.inference.engines import EngineConfig, engine_from_config, engine_lanes, is_merged
 from simplan.inference.engines.config import MODEL_FREE_KINDS
 from simplan.scripts.cli import command, usage_errors
@@ -50,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         engine_info.update(model="", adapters="")
     check_output_folder(eval_cfg.out)  # before minutes of engine loading, as the lock below
     check_unlocked(Path(eval_cfg.out))  # before minutes of engine loading; evaluate() holds the lock
+    check_planner_settings(eval_cfg)  # so is a wrong planner or arm override
     print(f"eval: loading engine {engine_cfg.engine} {engine_cfg.model} {engine_cfg.adapters}", flush=True)
     engine = engine_from_config(engine_cfg, concurrent=True)
     engine_info.update(merge_adapters=is_merged(engine), lanes=engine_lanes(engine))  # what `auto` chose, per run

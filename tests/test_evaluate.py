@@ -281,6 +281,19 @@ def test_a_second_run_on_a_locked_folder_refuses(tmp_path, capsys) -> None:
         evaluate(cfg, greedy_engine(), concurrency=1)  # one process, two runs: refused too
 
 
+def test_a_wrong_planner_setting_is_refused_before_the_engine_loads(tmp_path, capsys) -> None:
+    """Every arm's planner settings are built before the engine loads (minutes with a real model): the error names
+    the arm and its setting, not the model that was never looked for, and no episode is planned."""
+    from simplan.scripts.eval import main as eval_main
+
+    out = tmp_path / "run"
+    argv = ["--suite", "toy-dev", "--arms", "reactive,simplan", "--engine", "hf", "--model", str(tmp_path / "none")]
+    assert eval_main([*argv, "--arm_overrides", "{simplan: {horizon: -1}}", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "(arm simplan): PlannerConfig.horizon: must be >= 0, got -1" in err and "none" not in err
+    assert not (out / "eval_config.json").exists()
+
+
 LOCK_HOLDER = """
 import sys, time
 from pathlib import Path

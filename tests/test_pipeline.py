@@ -286,6 +286,12 @@ def test_stage_configs_come_from_the_recipes(tmp_path, monkeypatch, capsys) -> N
     assert "pipeline summary" not in captured.out  # nothing ran, nothing to summarise
     assert not (tmp_path / "p" / "data").exists()
 
+    # so does a wrong planner setting of the eval stage (built per arm only when the eval ran, after training)
+    assert main(argv + ["--eval", "{planner: {pivot_rules: {ban_after: [similarity]}}}"]) == 2
+    captured = capsys.readouterr()
+    assert "eval: PivotConfig (arm reactive): pivot_rules.ban_after: ['similarity'] cannot ban" in captured.err
+    assert not (tmp_path / "p" / "data").exists()
+
 
 def test_build_stages_name_the_pipelines_env_and_keep_their_hash(tmp_path, monkeypatch) -> None:
     """Trajectories record the env's own name ("shop"), which build resolves only where the package's entry point

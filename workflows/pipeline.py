@@ -61,7 +61,7 @@ from simplan.data.build import BuildConfig
 from simplan.data.collect import CollectConfig
 from simplan.envs.registry import UnknownEnvError
 from simplan.evaluation.folder_lock import FolderLockedError
-from simplan.evaluation.runner import EvalConfig
+from simplan.evaluation.runner import EvalConfig, check_planner_settings
 from simplan.inference.engines.config import EngineConfig
 from simplan.workflows.pipeline_stages import (
     TRAIN_CONFIGS,
@@ -379,6 +379,7 @@ class Pipeline:
             "out": str(out),
         }
         eval_cfg, engine_cfg = load_configs([EvalConfig, EngineConfig], None, values, "pipeline keys eval/engine")
+        check_planner_settings(eval_cfg)  # with every stage's keys, before the first stage runs (`_expected`)
         alone = command_line("eval", flags(values))
         return Stage(
             name,
