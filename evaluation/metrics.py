@@ -279,6 +279,10 @@ class EpisodeRecord:
     prompts: PromptAccount = field(default_factory=PromptAccount)
     retries: RetryAccount = field(default_factory=RetryAccount)
     departures: DepartureAccount = field(default_factory=DepartureAccount)
+    # The arm's settings as the episode ran them (its start event's PlannerConfig; None where a trace lacks them):
+    # what the report reads to tell which arm is which arm plus imagination, whatever presets and overrides made it.
+    pivots_on: bool | None = None
+    horizon: int | None = None
 
 
 def episode_record(trace: EpisodeTrace) -> EpisodeRecord:
@@ -294,6 +298,8 @@ def episode_record(trace: EpisodeTrace) -> EpisodeRecord:
         prompt_account(trace),
         retry_account(trace),
         departure_account(trace),
+        trace.config.get("pivots"),
+        trace.config.get("horizon"),
     )
 
 

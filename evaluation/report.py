@@ -156,7 +156,7 @@ def write_report(
         "deduplicated by episode id. Success intervals are Wilson 95%; arms are compared task by task "
         "(exact McNemar test, paired bootstrap interval)."
     )
-    lead = headline(comparisons) + coverage_lines(runs)
+    lead = headline(comparisons, runs) + coverage_lines(runs)
     md = [f"# {title}", ""] + [f"- {line}" for line in lead] + ["", intro, ""]
     md += [t.markdown() for t in main]
     md += ["## Plots", ""]

@@ -17,7 +17,7 @@ from typing import Any
 
 from simplan.envs.base import GRADES
 from simplan.evaluation.losses import LOSS_CLASSES, LOSS_LABELS
-from simplan.evaluation.metrics import GroupMetrics, group_metrics
+from simplan.evaluation.metrics import EpisodeRecord, GroupMetrics, group_metrics
 from simplan.evaluation.paired import PairedComparison, compare_all, compare_runs
 from simplan.evaluation.report_data import RunData
 from simplan.inference.planning.arms import ARM_PRESETS, PIVOTS_ABLATION
@@ -233,20 +233,42 @@ def arm_comparisons(runs: list[RunData]) -> list[tuple[str, PairedComparison]]:
     return [(r.name, c) for r in runs for c in compare_all(r.records)]
 
 
-def headline(comparisons: list[tuple[str, PairedComparison]]) -> list[str]:
+def headline(comparisons: list[tuple[str, PairedComparison]], runs: list[RunData]) -> list[str]:
     """What the report leads with: each arm of each run against the run's first arm (reactive when played; the
     first of `compare_all`'s pairs names it), as a sentence with the paired difference, its interval, the
     discordant tasks and the McNemar p-value; then the mean final scores, their paired difference and sign test.
-    Where the run also played `reactive-pivots` (the pivots without imagination), each arm that imagines and pivots
-    against it follows: what imagination adds to the pivots."""
+    Where the run also played `reactive-pivots` (the pivots without imagination), each arm whose episodes pivoted
+    and imagined (`adds_imagination`) against it follows: what imagination adds to the pivots."""
+    records = {r.name: r.records for r in runs}
     first: dict[str, str] = {}
     lines, ablations = [], []
     for run, c in comparisons:
         if first.setdefault(run, c.arm_a) == c.arm_a:
             lines.append(_comparison_sentence(run, c))
-        elif c.arm_a == PIVOTS_ABLATION and ARM_PRESETS.get(c.arm_b, {}).get("pivots"):
+        elif c.arm_a == PIVOTS_ABLATION and adds_imagination(records.get(run, []), c.arm_a, c.arm_b):
             ablations.append(_comparison_sentence(run, c, "what imagination adds to the pivots, "))
     return lines + ablations
+
+
+def adds_imagination(records: list[EpisodeRecord], ablation: str, arm: str) -> bool:
+    """Whether `arm` is the `ablation` arm plus imagination as the episodes ran (their start events' settings, the
+    arm's preset where a trace lacks them): every episode of the ablation with pivots on and horizon 0, every
+    episode of `arm` with pivots on and a horizon above 0. An override that turned either arm's pivots off, or
+    imagination on in the ablation, makes their difference something else."""
+
+    def played(name: str) -> set[tuple[bool, int]]:
+        preset = ARM_PRESETS.get(name, {})
+        return {
+            (
+                bool(preset.get("pivots") if r.pivots_on is None else r.pivots_on),
+                int(preset.get("horizon", 0) if r.horizon is None else r.horizon),
+            )
+            for r in records
+            if r.summary.arm == name
+        }
+
+    base, imagined = played(ablation), played(arm)
+    return bool(base and imagined) and all(p and h == 0 for p, h in base) and all(p and h > 0 for p, h in imagined)
 
 
 def _comparison_sentence(run: str, c: PairedComparison, gloss: str = "") -> str:

@@ -152,6 +152,21 @@ def test_report_leads_with_what_imagination_adds_to_the_pivots(tmp_path) -> None
     assert "**plan - reactive-pivots" not in lead  # plan does not pivot: no ablation of the pivots
 
 
+@pytest.mark.parametrize("simplan_pivots", [True, False])
+def test_the_pivots_ablation_line_reads_the_settings_the_episodes_ran(tmp_path, simplan_pivots) -> None:
+    """An arm override that turns simplan's pivots off makes simplan - reactive-pivots something other than what
+    imagination adds to the pivots: the line follows the episodes' recorded settings, not the arms' presets."""
+    run = tmp_path / "override"
+    played = {"reactive": (False, 0), "reactive-pivots": (True, 0), "simplan": (simplan_pivots, 1)}
+    for i in range(3):
+        for arm, (pivots, horizon) in played.items():
+            trace = make_trace(f"s/t{i}/{arm}/0", arm, "coin", [{}], arm != "reactive")
+            trace.events[0].config = {"arm": arm, "pivots": pivots, "horizon": horizon}
+            append_trace(run / "traces.jsonl", trace)
+    lead = write_report([run], tmp_path / "report")["md"].read_text().split("###")[0]
+    assert ("what imagination adds to the pivots, **simplan - reactive-pivots" in lead) == simplan_pivots
+
+
 def test_report_shows_transient_failures_and_finishes_only_for_runs_with_any(tmp_path, shop_on_path) -> None:
     shop, plain = tmp_path / "shop", tmp_path / "plain"
     for t in shop_traces():

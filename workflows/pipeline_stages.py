@@ -295,4 +295,5 @@ def paired_headline(data: RunData | None) -> list[str]:
         return []
     from simplan.evaluation.report_tables import arm_comparisons, headline
 
-    return [line.replace("**", "").removeprefix(f"{data.name}: ") for line in headline(arm_comparisons([data]))]
+    lines = headline(arm_comparisons([data]), [data])
+    return [line.replace("**", "").removeprefix(f"{data.name}: ") for line in lines]
