@@ -501,6 +501,11 @@ def test_the_likelihood_mismatch_scores_the_real_observation_instead_of_generati
             assert first.fired and first.evidence["method"] == "likelihood"
             assert first.evidence["similarity"] == acts[0].match and first.evidence["observed"] == acts[0].observation
             assert "per-token probability" in first.message
+            # At horizon 1 nothing is queued, yet a mismatch counts as a replan: it spends the replan budget and
+            # restarts the loop rules' windows (a trial that skipped such replans kept the outcomes on 80 TWX tasks
+            # and ran 7-24% slower, bench/RESULTS.md "What the simulator adds to the pivots").
+            replans = [e for e in events(result, "replan") if e.reason == "expectation_mismatch"]
+            assert replans and all(e.dropped == 0 for e in replans)
     # a decision the router does not simulate (the decider is confident) scores nothing, as it predicts nothing
     engine, _ = oracle_engine(confidence=5.0)
     cfg = config(adaptive=True, confident_margin=0.6, pivot_rules={"similarity": "likelihood"})
